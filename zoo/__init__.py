@@ -1,0 +1,68 @@
+"""zoo: a reference model zoo for PyTorch.
+
+    import zoo
+    zoo.list_models()
+    model = zoo.load("effnetv2_cls", pretrained=True)
+    model = zoo.load("bert_cls", pretrained="hf://owner/repo")
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from zoo.registry import build_config, get_entry, list_models, register_model
+from zoo.weights import (WeightsError, WeightsMeta, load_state_dict_into, push_to_hub, read_weights,
+                         resolve_weights, save, save_pretrained)
+
+__version__ = "0.1.0"
+__all__ = ["load", "list_models", "info", "save", "save_pretrained", "push_to_hub", "register_model",
+           "WeightsMeta", "WeightsError", "accel"]
+
+
+def load(name: str, pretrained: bool | str | os.PathLike = False, **config_overrides: Any):
+    """Build a registry model, optionally with weights; returned in eval mode.
+
+    pretrained: False (random init), True or "default", a weights tag, a path to a
+    .safetensors/.pt/.bin file or a folder, or "hf://owner/repo[/file][@revision]".
+    config_overrides: fields of the model's config, e.g. num_classes=5. When num_classes
+    differs from the weights', the head is re-initialised and a warning names its keys.
+    """
+    entry = get_entry(name)
+    if pretrained is False or pretrained is None:
+        model = entry.model_cls(build_config(entry, **config_overrides))
+        model.pretrained_meta = None
+        return model.eval()
+    weights = resolve_weights(entry, pretrained)
+    meta, state_dict, base_config = weights.meta, weights.state_dict, None
+    if meta is not None:
+        if meta.model != entry.name:
+            raise WeightsError(f"weights {weights.source} are for {meta.model!r}, not {entry.name!r}; "
+                               f"load them with zoo.load({meta.model!r}, ...)")
+        base_config = meta.config
+    elif hasattr(entry.model_cls, "convert_foreign"):
+        # e.g. a Hugging Face BERT folder: the family maps its keys and reads its config.json
+        state_dict, base_config = entry.model_cls.convert_foreign(state_dict, weights.folder)
+    new_head = ("num_classes" in config_overrides
+                and (base_config or {}).get("num_classes") != config_overrides["num_classes"])
+    model = entry.model_cls(build_config(entry, base_config, **config_overrides))
+    load_state_dict_into(model, state_dict, source=weights.source, reinit_head=new_head)
+    if meta is not None and new_head:
+        # the labels and metrics described the old head
+        meta = dataclasses.replace(meta, labels=None, metrics={}, config=dataclasses.asdict(model.config))
+    model.pretrained_meta = meta
+    return model.eval()
+
+
+def info(name: str) -> dict[str, Any]:
+    """What the registry knows of a model: description, config, parameter count, variants and weights."""
+    from zoo.cards import model_info
+    return model_info(name)
+
+
+def __getattr__(attr):
+    # `zoo.accel` imports torch._dynamo and friends; load it on first use only.
+    if attr == "accel":
+        import importlib
+        return importlib.import_module("zoo.accel")
+    raise AttributeError(f"module 'zoo' has no attribute {attr!r}")

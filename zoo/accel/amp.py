@@ -1,0 +1,78 @@
+"""Automatic mixed precision: one autocast and one GradScaler choice for every model and device."""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["autocast", "grad_scaler", "resolve_dtype"]
+
+_NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32, "off": torch.float32, "none": torch.float32}
+
+
+def resolve_dtype(device: str | torch.device, dtype: str | torch.dtype | None = "auto") -> torch.dtype:
+    """"auto": bf16 on CPU and on CUDA GPUs that support it, else fp16."""
+    device_type = torch.device(device).type
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        if device_type == "cuda" and not torch.cuda.is_bf16_supported():
+            return torch.float16
+        return torch.bfloat16
+    if dtype not in _NAMES:
+        raise ValueError(f"unknown precision {dtype!r}; choose auto, bf16, fp16 or fp32/off")
+    if device_type == "cpu" and _NAMES[dtype] == torch.float16:
+        log.warning("fp16 autocast on CPU is slow and needs loss scaling; bf16 is the better choice here")
+    return _NAMES[dtype]
+
+
+def autocast(device: str | torch.device = "cpu", dtype: str | torch.dtype | None = "auto"):
+    """torch.autocast for `device` with the resolved dtype; a no-op context for fp32.
+
+    Inside, matmuls and convolutions run in low precision; softmax statistics, norms and the
+    diffusion schedule arithmetic are computed in fp32 by the blocks themselves.
+    """
+    device_type = torch.device(device).type
+    dtype = resolve_dtype(device, dtype)
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+class _NoScaler:
+    """Stands in for GradScaler where no scaling is needed (bf16, fp32): same methods, plain steps."""
+
+    def scale(self, loss):
+        return loss
+
+    def unscale_(self, optimizer):
+        pass
+
+    def step(self, optimizer):
+        optimizer.step()
+
+    def update(self):
+        pass
+
+    def is_enabled(self) -> bool:
+        return False
+
+    def get_scale(self) -> float:
+        return 1.0
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def grad_scaler(device: str | torch.device = "cpu", dtype: str | torch.dtype | None = "auto"):
+    """A GradScaler for fp16 (it skips steps whose gradients are not finite); a no-op for bf16/fp32."""
+    if resolve_dtype(device, dtype) != torch.float16:
+        return _NoScaler()
+    return torch.amp.GradScaler(torch.device(device).type)

@@ -1,0 +1,79 @@
+"""torch.compile for any zoo model: in place (state-dict keys and methods unchanged), with a safe fallback."""
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Literal
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+__all__ = ["compile", "explain", "is_compiled"]
+
+
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    # Only failures of the compiler itself fall back; a user's bad input must still raise its own error.
+    errors: list[type[BaseException]] = []
+    try:
+        from torch._dynamo.exc import TorchDynamoException
+        errors.append(TorchDynamoException)
+    except ImportError:
+        pass
+    try:
+        from torch._inductor.exc import InductorError
+        errors.append(InductorError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def compile(model: nn.Module, mode: Literal["default", "reduce-overhead", "max-autotune"] = "default", *,
+            dynamic: bool | None = None, fullgraph: bool = False, strict: bool = False,
+            dynamic_dims: tuple[int, ...] = (), backend: str = "inductor") -> nn.Module:
+    """Compile `model` in place with `nn.Module.compile` and return it.
+
+    The model object, its state-dict keys (no `_orig_mod.`), methods and metadata stay as they are.
+    If compilation fails, warn once with the reason and run eager from then on (or raise with
+    strict=True). `dynamic_dims`: input dimensions that vary between calls (e.g. (0, 1) for batch and
+    sequence length); they are marked dynamic up front so new sizes do not trigger recompilation storms.
+    """
+    if mode not in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+        raise ValueError(f"unknown compile mode {mode!r}; choose default, reduce-overhead or max-autotune")
+    model.compile(mode=mode if backend == "inductor" else None, dynamic=dynamic, fullgraph=fullgraph,
+                  backend=backend)
+    compiled_call = model._compiled_call_impl
+    errors = _compile_errors()
+
+    def guarded_call(*args, **kwargs):
+        for t in args:
+            if isinstance(t, torch.Tensor):
+                for d in dynamic_dims:
+                    if d < t.dim():
+                        torch._dynamo.maybe_mark_dynamic(t, d)
+        try:
+            return compiled_call(*args, **kwargs)
+        except errors as e:
+            if strict:
+                raise
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            warnings.warn(f"torch.compile failed for {type(model).__name__}; running eager instead. Reason: "
+                          f"{type(e).__name__}: {reason}", RuntimeWarning, stacklevel=2)
+            model._compiled_call_impl = None  # eager from now on: warn once, not every call
+            return model._call_impl(*args, **kwargs)
+
+    model._compiled_call_impl = guarded_call
+    return model
+
+
+def is_compiled(model: nn.Module) -> bool:
+    return getattr(model, "_compiled_call_impl", None) is not None or hasattr(model, "_orig_mod")
+
+
+def explain(model: nn.Module, *inputs, **kwargs):
+    """The graph-break report of torch._dynamo.explain: `.graph_break_count`, `.break_reasons`, `.graph_count`."""
+    import torch._dynamo
+    target = getattr(model, "_orig_mod", model)
+    torch._dynamo.reset()
+    return torch._dynamo.explain(target.forward)(*inputs, **kwargs)

@@ -1,0 +1,151 @@
+"""The `zoo` command: list, info, predict, bench, demo, cards."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from zoo.weights import WeightsError
+
+# Errors a user can fix; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, WeightsError,
+               RuntimeError, TypeError)
+
+
+def cmd_list(args) -> int:
+    from zoo.registry import get_entry, list_models
+    for name in list_models():
+        entry = get_entry(name)
+        tags = ", ".join(f"{t}{'*' if t == entry.default_tag else ''}" for t in entry.weights) or "-"
+        print(f"{name:<16} {entry.description}  [weights: {tags}]")
+    return 0
+
+
+def cmd_info(args) -> int:
+    from zoo.cards import model_info
+    info = model_info(args.name)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"{info['name']}: {info['description']}")
+    print(f"  class:    {info['class']}")
+    print(f"  params:   {info['params']:,} (default config)")
+    if info["variants"]:
+        print(f"  variants: {', '.join(info['variants'])}")
+    print(f"  config:   {json.dumps(info['config'])}")
+    if not info["weights"]:
+        print("  weights:  none shipped yet")
+    for tag, w in info["weights"].items():
+        default = " (default)" if tag == info["default_weights"] else ""
+        metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in w["metrics"].items())
+        print(f"  weights {tag}{default}: {w['file']} [{w['dtype']}] on {w['dataset'] or '?'}; {metrics}")
+    return 0
+
+
+def _options(extra: list[str]) -> dict[str, str]:
+    """`--key value` / `--flag` pairs after the known arguments, for the family's predict."""
+    options, i = {}, 0
+    while i < len(extra):
+        if not extra[i].startswith("--"):
+            raise ValueError(f"unexpected argument {extra[i]!r}; options look like --key value")
+        key = extra[i][2:].replace("-", "_")
+        if i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+            options[key], i = extra[i + 1], i + 2
+        else:
+            options[key], i = "true", i + 1
+    return options
+
+
+def cmd_predict(args, extra) -> int:
+    import zoo
+    entry = zoo.registry.get_entry(args.name)
+    if not hasattr(entry.model_cls, "cli_predict"):
+        raise ValueError(f"{args.name} does not support `zoo predict` yet")
+    pretrained = args.pretrained if args.pretrained is not None else (entry.default_tag is not None)
+    if pretrained is False:
+        logging.getLogger("zoo").warning("%s has no shipped weights: predicting with random weights", args.name)
+    model = zoo.load(args.name, pretrained=pretrained)
+    result, text = model.cli_predict(args.inputs, **_options(extra))
+    print(json.dumps(result, indent=2) if args.json else text)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    import zoo
+    from tqdm import tqdm
+    names = [n for n in zoo.list_models() if zoo.registry.get_entry(n).default_tag is not None]
+    if not names:
+        print("no model has shipped weights yet; nothing to demo")
+        return 0
+    reports = []
+    for name in tqdm(names, desc="zoo demo", unit="model"):
+        model = zoo.load(name, pretrained=True)
+        reports.append(f"== {name} ==\n{model.demo()}")
+    print("\n\n".join(reports))
+    return 0
+
+
+def cmd_bench(args, extra) -> int:
+    from zoo.accel.bench import main as bench_main
+    return bench_main([args.name, *extra])
+
+
+def cmd_cards(args) -> int:
+    from zoo.cards import render_model_cards, write_model_cards
+    path = Path(args.out)
+    if args.check:
+        current = path.read_text() if path.is_file() else ""
+        if current != render_model_cards():
+            print(f"{path} is out of date; run `zoo cards`", file=sys.stderr)
+            return 1
+        return 0
+    changed = write_model_cards(path)
+    print(f"{'wrote' if changed else 'unchanged:'} {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zoo", description="A reference model zoo for PyTorch.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("list", help="list registered models")
+    p = sub.add_parser("info", help="describe a model and its weights")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("predict", help="run a model on inputs (files, text, ...); family options as --key value")
+    p.add_argument("name")
+    p.add_argument("inputs", nargs="*")
+    p.add_argument("--pretrained", default=None, help="weights tag, path or hf:// URI (default: shipped)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("bench", help="benchmark a model (eager, bf16, compile, int8)")
+    p.add_argument("name")
+    sub.add_parser("demo", help="run every model with shipped weights on built-in inputs")
+    p = sub.add_parser("cards", help="regenerate MODEL_CARDS.md")
+    p.add_argument("--out", default="MODEL_CARDS.md")
+    p.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command not in ("predict", "bench"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s: %(message)s")
+    commands = {"list": cmd_list, "info": cmd_info, "demo": cmd_demo, "cards": cmd_cards}
+    try:
+        if args.command in ("predict", "bench"):
+            return {"predict": cmd_predict, "bench": cmd_bench}[args.command](args, extra)
+        return commands[args.command](args)
+    except USER_ERRORS as e:
+        print(f"zoo {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""One self-contained file per model family; importing them registers them."""
+import importlib
+
+FAMILIES = ("transformer",)
+
+for _family in FAMILIES:
+    importlib.import_module(f"zoo.models.{_family}")

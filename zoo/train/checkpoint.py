@@ -1,0 +1,108 @@
+"""Training checkpoints: atomic folders holding everything an exact resume needs.
+
+    out/ckpt-00000100/
+        model + optimiser + EMA    through torch.distributed.checkpoint (sharded under FSDP, so a
+                                   run can resume on a different number of processes)
+        trainer.pt                 scheduler, scaler, step, epoch, batch position, config
+        rng-<rank>.pt              every RNG state of each process
+
+A checkpoint is written under a temporary name and renamed when complete, so a process killed
+mid-write leaves the previous checkpoints loadable and no half checkpoint that looks whole.
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from zoo._io import atomic_path
+
+PREFIX = "ckpt-"
+_NAME = re.compile(rf"^{PREFIX}(\d{{8}})$")
+
+
+def rng_state() -> dict[str, Any]:
+    # numpy's key array goes in as a tensor so the file loads with torch.load(weights_only=True)
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos,
+                                                     has_gauss, cached), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def list_checkpoints(out: str | Path) -> list[Path]:
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    return sorted(p for p in out.iterdir() if _NAME.match(p.name) and (p / "trainer.pt").is_file())
+
+
+def find_checkpoint(spec: str, out: str | Path) -> Path | None:
+    """--resume auto: the newest complete checkpoint in `out` (None if there is none); else the given folder."""
+    if spec == "auto":
+        found = list_checkpoints(out)
+        return found[-1] if found else None
+    path = Path(spec)
+    if path.is_dir() and not (path / "trainer.pt").is_file():
+        found = list_checkpoints(path)  # a run folder: take its newest
+        if found:
+            return found[-1]
+    if not (path / "trainer.pt").is_file():
+        raise FileNotFoundError(f"--resume {spec}: not a checkpoint folder (no trainer.pt) and no {PREFIX}* inside")
+    return path
+
+
+def save_checkpoint(out: str | Path, step: int, app_state: dict[str, Any], trainer_state: dict[str, Any],
+                    ctx, keep: int) -> Path:
+    """Collective under DDP/FSDP: every rank calls it. Returns the final folder."""
+    import torch.distributed.checkpoint as dcp
+
+    out = Path(out)
+    final = out / f"{PREFIX}{step:08d}"
+    tmp = out / f".tmp-{PREFIX}{step:08d}"
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    ctx.barrier()
+    dcp.save(app_state, checkpoint_id=str(tmp))
+    with atomic_path(tmp / f"rng-{ctx.rank}.pt") as p:
+        torch.save(rng_state(), p)
+    ctx.barrier()
+    if ctx.is_main:
+        with atomic_path(tmp / "trainer.pt") as p:  # written last: its presence marks a complete checkpoint
+            torch.save(trainer_state, p)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in list_checkpoints(out)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    ctx.barrier()
+    return final
+
+
+def load_checkpoint(path: Path, app_state: dict[str, Any], ctx) -> dict[str, Any]:
+    """Fill `app_state` in place from the checkpoint; returns the trainer state and restores this rank's RNG."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(app_state, checkpoint_id=str(path))
+    trainer_state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
+    rng_file = path / f"rng-{ctx.rank}.pt"
+    if rng_file.is_file() and trainer_state.get("world_size") == ctx.world_size:
+        set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
+    return trainer_state

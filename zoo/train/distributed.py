@@ -1,0 +1,107 @@
+"""Process groups and model wrapping for DDP and FSDP2 under torchrun (gloo on CPU, NCCL on CUDA)."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["DistContext", "init_distributed"]
+
+
+class DistContext:
+    """Who we are in the job; a single process is rank 0 of 1."""
+
+    def __init__(self, mode: str, device: torch.device, rank: int = 0, world_size: int = 1, local_rank: int = 0):
+        self.mode, self.device = mode, device
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            t = t.to(self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def wrap(self, model: nn.Module, blocks: list[nn.Module] | None = None) -> nn.Module:
+        """DDP wraps the model; FSDP2 shards each block, then the root (parameters become DTensors)."""
+        if self.mode == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            return DistributedDataParallel(model, device_ids=ids)
+        if self.mode == "fsdp":
+            try:
+                from torch.distributed.fsdp import fully_shard
+            except ImportError:  # torch 2.5 keeps FSDP2 under _composable
+                from torch.distributed._composable.fsdp import fully_shard
+            for block in blocks or []:
+                fully_shard(block)
+            fully_shard(model)
+        return model
+
+    def no_sync(self, model: nn.Module):
+        """Skip the gradient all-reduce on micro-batches that only accumulate."""
+        if self.mode == "ddp":
+            return model.no_sync()
+        if self.mode == "fsdp":
+            return _fsdp_no_sync(model)
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def pick_device(spec: str, local_rank: int = 0) -> torch.device:
+    if spec == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {spec} asked for CUDA, but no CUDA device is available; use --device cpu")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device(f"cuda:{local_rank}")
+    return device
+
+
+def init_distributed(mode: str, device_spec: str = "auto") -> DistContext:
+    """Join the torchrun job for --dist ddp|fsdp; a clear error when not launched by torchrun."""
+    if mode == "none":
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise RuntimeError("launched with several processes but --dist none: pass --dist ddp or --dist fsdp")
+        return DistContext("none", pick_device(device_spec))
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise RuntimeError(f"--dist {mode} needs torchrun to start the processes, e.g. "
+                           f"`torchrun --nproc_per_node=2 train_scripts/<family>.py --dist {mode} ...`")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_spec, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30),
+                                **({"device_id": device} if device.type == "cuda" else {}))
+    return DistContext(mode, device, rank, world, local_rank)

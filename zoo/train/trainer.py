@@ -1,0 +1,493 @@
+"""The one training loop every train script shares.
+
+A script describes its family as a `Task` (model, data, loss, evaluation) and calls `run(cfg, build_task)`.
+The loop brings AMP, compile, gradient accumulation and clipping, warm-up + cosine LR, EMA,
+DDP/FSDP2 under torchrun, atomic checkpoints with exact resume, progress bars, metrics files and
+a profiler switch.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import math
+import os
+import random
+import shlex
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data.distributed import DistributedSampler
+
+from zoo.accel.amp import autocast, grad_scaler
+from zoo.accel.compile import compile as zoo_compile
+from zoo.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from zoo.train.config import TrainConfig
+from zoo.train.distributed import DistContext, init_distributed
+from zoo.train.ema import EMA
+from zoo.train.metrics import MetricsLogger, format_metrics
+
+log = logging.getLogger("zoo.train")
+
+__all__ = ["Task", "Trainer", "run", "seed_everything", "decay_param_groups"]
+
+
+@dataclass
+class Task:
+    """What a train script supplies; everything else is the shared loop."""
+    name: str  # registry name, for the saved weights
+    model: nn.Module
+    train_data: Dataset | None
+    eval_data: Dataset | None
+    loss: Callable[[nn.Module, Any], Tensor]  # (model, batch) -> scalar loss
+    eval_step: Callable[[nn.Module, Any], dict[str, Tensor]]  # (model, batch) -> sums, added over batches/ranks
+    summarize: Callable[[dict[str, Tensor]], dict[str, Any]]  # summed totals -> metrics
+    collate: Callable | None = None
+    batch_sampler: Callable[[Sampler, int], Iterable[list[int]]] | None = None  # e.g. group by length
+    param_groups: Callable[[nn.Module, TrainConfig], list[dict]] | None = None  # e.g. layer-wise LR decay
+    meta: dict[str, Any] = field(default_factory=dict)  # labels, preprocessing, dataset for zoo.save
+    eval_batch_size: int | None = None
+    after_eval: Callable[[nn.Module, dict, Path], None] | None = None  # e.g. save a sample grid (rank 0)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def decay_param_groups(model: nn.Module, weight_decay: float, lr: float | None = None) -> list[dict]:
+    """AdamW groups: decay on weight matrices and kernels, none on norms, biases and other vectors."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if lr is not None:
+        for g in groups:
+            g["lr"] = lr
+    return [g for g in groups if g["params"]]
+
+
+def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+class _ResumableBatches:
+    """A batch sampler that can skip the batches already consumed in this epoch (exact resume)."""
+
+    def __init__(self, batches):
+        self.batches, self.skip = batches, 0
+
+    def __iter__(self):
+        return itertools.islice(iter(self.batches), self.skip, None)
+
+    def __len__(self):
+        return len(self.batches) - self.skip
+
+
+class _ShardSampler(Sampler):
+    """Evaluation shard of this rank without DistributedSampler's padding (no example counted twice)."""
+
+    def __init__(self, n: int, rank: int, world: int):
+        self.indices = list(range(rank, n, world))
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+def _to_device(batch, device):
+    if isinstance(batch, Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def default_workers(world_size: int) -> int:
+    # On a 2-core machine worker processes only steal cycles from the math; elsewhere leave one core free.
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    per_process = cpus // max(1, world_size)
+    return 0 if per_process <= 2 else min(8, per_process - 1)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, task: Task, ctx: DistContext):
+        self.cfg, self.task, self.ctx = cfg, task, ctx
+        self.device = ctx.device
+        self.out = Path(cfg.out)
+        self.plain = task.model.to(self.device)
+        if cfg.compile:
+            zoo_compile(self.plain)  # in place: keys and methods unchanged
+        self.model = ctx.wrap(self.plain, getattr(self.plain, "checkpoint_blocks", None))
+        groups = (task.param_groups(self.plain, cfg) if task.param_groups
+                  else decay_param_groups(self.plain, cfg.weight_decay))
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95 if cfg.lr >= 5e-4 else 0.999))
+        self.scaler = grad_scaler(self.device, cfg.amp if cfg.amp != "off" else "fp32")
+        self.ema = EMA(self.plain, cfg.ema) if cfg.ema else None
+        self.workers = cfg.workers if cfg.workers is not None else default_workers(ctx.world_size)
+        self.train_loader = self._train_loader() if task.train_data is not None else None
+        self.steps_per_epoch = (len(self.train_loader.batch_sampler) // cfg.grad_accum) if self.train_loader else 0
+        if self.train_loader is not None and self.steps_per_epoch == 0:
+            raise ValueError(f"{len(task.train_data)} training examples make no full step of batch "
+                             f"{cfg.batch_size} x {ctx.world_size} processes x {cfg.grad_accum} accumulation")
+        self.total_steps = cfg.steps if cfg.steps is not None else (cfg.epochs or 0) * self.steps_per_epoch
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, warmup_cosine(min(cfg.warmup, self.total_steps), self.total_steps, cfg.min_lr_ratio))
+        self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
+        self.skipped_steps = 0
+        self.last_eval: dict[str, Any] = {}
+        self._stop_signal: int | None = None
+
+    # ------------------------------------------------------------------ data
+
+    def _loader_options(self) -> dict:
+        opts = {"num_workers": self.workers, "collate_fn": self.task.collate,
+                "pin_memory": self.device.type == "cuda"}
+        if self.workers > 0:
+            opts.update(persistent_workers=True, prefetch_factor=2)
+        return opts
+
+    def _train_loader(self) -> DataLoader:
+        cfg, ctx = self.cfg, self.ctx
+        # DistributedSampler also for one process: one code path, and set_epoch reshuffles reproducibly
+        self.sampler = DistributedSampler(self.task.train_data, num_replicas=ctx.world_size, rank=ctx.rank,
+                                          shuffle=True, seed=cfg.seed, drop_last=True)
+        if self.task.batch_sampler is not None:
+            batches = self.task.batch_sampler(self.sampler, cfg.batch_size)
+        else:
+            batches = torch.utils.data.BatchSampler(self.sampler, cfg.batch_size, drop_last=True)
+        self.batches = _ResumableBatches(batches)
+        # The loader draws its workers' base seed when an epoch starts; from its own generator, reseeded
+        # per epoch, that draw neither shifts the global RNG (dropout) nor differs after a resume.
+        self.loader_rng = torch.Generator()
+        return DataLoader(self.task.train_data, batch_sampler=self.batches, generator=self.loader_rng,
+                          **self._loader_options())
+
+    def _eval_loader(self) -> DataLoader:
+        data = self.task.eval_data
+        return DataLoader(data, batch_size=self.task.eval_batch_size or self.cfg.batch_size,
+                          sampler=_ShardSampler(len(data), self.ctx.rank, self.ctx.world_size),
+                          **self._loader_options())
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _app_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
+        return state
+
+    def save_checkpoint(self) -> Path:
+        trainer_state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                         "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                         "world_size": self.ctx.world_size, "skipped_steps": self.skipped_steps,
+                         "config": {k: v for k, v in vars(self.cfg).items() if k != "extra"}}
+        path = save_checkpoint(self.out, self.step, self._app_state(), trainer_state, self.ctx, self.cfg.keep)
+        if self.ctx.is_main:
+            log.info("checkpoint %s", path)
+        return path
+
+    def load_checkpoint(self, path: Path) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+        state = self._app_state()
+        trainer_state = load_checkpoint(path, state, self.ctx)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if self.ema is not None:
+            if "ema" not in state:
+                raise ValueError(f"{path} has no EMA weights but --ema was given; resume without --ema")
+            self.ema.load_state_dict(state["ema"])
+        self.scheduler.load_state_dict(trainer_state["scheduler"])
+        self.scaler.load_state_dict(trainer_state["scaler"])
+        self.step, self.epoch = trainer_state["step"], trainer_state["epoch"]
+        self.skipped_steps = trainer_state.get("skipped_steps", 0)
+        same_world = trainer_state["world_size"] == self.ctx.world_size
+        # Another number of processes shards the data differently: restart the epoch's order.
+        self.batch_in_epoch = trainer_state["batch_in_epoch"] if same_world else 0
+        if self.ctx.is_main:
+            log.info("resumed from %s at step %d (epoch %d%s)", path, self.step, self.epoch,
+                     "" if same_world else f", saved by {trainer_state['world_size']} processes")
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        if self.task.eval_data is None:
+            return {}
+        self.model.eval()
+        sums: dict[str, Tensor] = {}
+        with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
+            for batch in self._eval_loader():
+                batch = _to_device(batch, self.device)
+                with autocast(self.device, self.cfg.amp if self.cfg.amp != "off" else "fp32"):
+                    part = self.task.eval_step(self.model, batch)
+                for k, v in part.items():
+                    v = v.detach().double() if v.is_floating_point() else v.detach().long()
+                    sums[k] = sums[k] + v if k in sums else v
+        for k in sorted(sums):  # same order on every rank
+            sums[k] = self.ctx.all_reduce_sum(sums[k]).cpu()
+        self.model.train()
+        return self.task.summarize(sums)
+
+    # ------------------------------------------------------------------ training
+
+    def _install_signal_handlers(self):
+        def handler(signum, frame):
+            if self._stop_signal is not None:  # second signal: stop now
+                raise KeyboardInterrupt
+            self._stop_signal = signum
+            if self.ctx.is_main:
+                log.warning("signal %d: saving a checkpoint after this step, then stopping", signum)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
+
+    def _should_stop(self) -> bool:
+        flag = torch.tensor(float(self._stop_signal is not None))
+        return bool(self.ctx.all_reduce_sum(flag).item() > 0) if self.ctx.enabled else bool(flag)
+
+    def _optimizer_step(self) -> float | None:
+        """Unscale, clip, step; returns the gradient norm, or None when the step was skipped."""
+        self.scaler.unscale_(self.optimizer)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.clip if self.cfg.clip else float("inf"))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        finite = bool(torch.isfinite(norm))
+        if self.scaler.is_enabled():
+            self.scaler.step(self.optimizer)  # skips by itself when gradients are not finite
+            self.scaler.update()
+        elif finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if not finite:
+            self.skipped_steps += 1
+            log.warning("step %d: gradient norm is %s, step skipped (%d so far)", self.step, norm.item(),
+                        self.skipped_steps)
+            return None
+        if self.ema is not None:
+            self.ema.update()
+        return float(norm)
+
+    def fit(self) -> dict[str, Any]:
+        cfg, ctx = self.cfg, self.ctx
+        metrics = MetricsLogger(self.out, self.step) if ctx.is_main else None
+        self._install_signal_handlers()
+        eval_every = cfg.eval_every or self.steps_per_epoch
+        save_every = cfg.save_every or eval_every
+        from tqdm import tqdm
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=not ctx.is_main, dynamic_ncols=True,
+                   desc=self.task.name, unit="step")
+        amp = cfg.amp if cfg.amp != "off" else "fp32"
+        window_loss, window_n, window_samples, t0 = torch.zeros((), dtype=torch.float64), 0, 0, time.perf_counter()
+        start_time = time.perf_counter()
+        self.model.train()
+        while self.step < self.total_steps:
+            self.sampler.set_epoch(self.epoch)
+            self.loader_rng.manual_seed(cfg.seed * 100_003 + self.epoch * 1009 + ctx.rank)
+            self.batches.skip = self.batch_in_epoch
+            micro = 0
+            for batch in self.train_loader:
+                batch = _to_device(batch, self.device)
+                last_micro = (micro + 1) % cfg.grad_accum == 0
+                with ctx.no_sync(self.model) if not last_micro else contextlib.nullcontext():
+                    with autocast(self.device, amp):
+                        loss = self.task.loss(self.model, batch)
+                    if not torch.isfinite(loss.detach()) and not self.scaler.is_enabled():
+                        log.warning("step %d: loss is %s", self.step, loss.item())
+                    self.scaler.scale(loss / cfg.grad_accum).backward()
+                window_loss += loss.detach().double().cpu() / cfg.grad_accum
+                window_samples += _batch_size(batch)
+                micro += 1
+                if not last_micro:
+                    continue
+                self._optimizer_step()
+                self.scheduler.step()
+                self.step += 1
+                self.batch_in_epoch += cfg.grad_accum
+                window_n += 1
+                bar.update(1)
+                if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                    mean_loss = float(ctx.all_reduce_sum(window_loss.clone()).item() / (window_n * ctx.world_size))
+                    rate = window_samples * ctx.world_size / (time.perf_counter() - t0)
+                    lr = self.scheduler.get_last_lr()[0]
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", samples_s=f"{rate:.1f}")
+                    if metrics:
+                        metrics.log({"split": "train", "step": self.step, "epoch": self.epoch, "loss": mean_loss,
+                                     "lr": lr, "samples_per_s": rate, "skipped_steps": self.skipped_steps})
+                    window_loss, window_n, window_samples, t0 = torch.zeros((), dtype=torch.float64), 0, 0, time.perf_counter()
+                done = self.step == self.total_steps
+                if eval_every and (self.step % eval_every == 0 or done):
+                    self._eval_and_log(metrics, bar)
+                stop = self._should_stop()
+                if (save_every and self.step % save_every == 0) or done or stop:
+                    self.save_checkpoint()
+                if stop:
+                    bar.close()
+                    raise SystemExit(128 + (self._stop_signal or signal.SIGTERM))
+                if done:
+                    break
+            else:  # epoch ran out
+                self.epoch += 1
+                self.batch_in_epoch = 0
+                continue
+            break
+        bar.close()
+        if metrics:
+            metrics.close()
+        self.train_time = time.perf_counter() - start_time
+        return self.last_eval
+
+    def _eval_and_log(self, metrics: MetricsLogger | None, bar) -> None:
+        if self.task.eval_data is None:
+            return
+        self.last_eval = self.evaluate()
+        if self.ctx.is_main:
+            bar.write(f"step {self.step} epoch {self.epoch}: {format_metrics(self.last_eval)}")
+            if metrics:
+                metrics.log({"split": "eval", "step": self.step, "epoch": self.epoch,
+                             **{k: v for k, v in self.last_eval.items()}})
+            if self.task.after_eval is not None:
+                self.task.after_eval(self.plain, self.last_eval, self.out)
+
+    # ------------------------------------------------------------------ final weights
+
+    def final_state_dict(self) -> dict[str, Tensor]:
+        """Full (gathered) state dict on CPU, with EMA weights when EMA is on; collective under FSDP."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
+            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
+                                                                             cpu_offload=True))
+
+    def save_final(self, final_metrics: dict[str, Any]) -> Path | None:
+        import zoo
+        state_dict = self.final_state_dict()
+        if not self.ctx.is_main:
+            return None
+        dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[self.cfg.save_dtype]
+        meta = dict(self.task.meta)
+        meta["command"] = command_line()
+        meta["metrics"] = {k: v for k, v in final_metrics.items() if isinstance(v, (int, float, str))}
+        extra = dict(meta.get("extra", {}))
+        extra.update(train_steps=self.step, world_size=self.ctx.world_size,
+                     train_time_s=round(getattr(self, "train_time", 0.0), 1), torch=torch.__version__,
+                     skipped_steps=self.skipped_steps)
+        meta["extra"] = extra
+        path = self.out / "model.safetensors"
+        zoo.save(self.plain, path, meta, dtype=dtype, state_dict=state_dict)
+        log.info("saved %s", path)
+        return path
+
+    # ------------------------------------------------------------------ profiling
+
+    def profile(self, steps: int = 5) -> str:
+        from torch.profiler import ProfilerActivity, profile, schedule
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        amp = self.cfg.amp if self.cfg.amp != "off" else "fp32"
+        self.sampler.set_epoch(0)
+        batches = iter(self.train_loader)
+        self.model.train()
+        with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=steps),
+                     record_shapes=True) as prof:
+            for _ in range(steps + 2):
+                batch = _to_device(next(batches), self.device)
+                with autocast(self.device, amp):
+                    loss = self.task.loss(self.model, batch)
+                self.scaler.scale(loss).backward()
+                self._optimizer_step()
+                prof.step()
+        self.out.mkdir(parents=True, exist_ok=True)
+        trace = self.out / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        sort = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        table = prof.key_averages().table(sort_by=sort, row_limit=15)
+        return f"{table}\nChrome trace (open in chrome://tracing or Perfetto): {trace}"
+
+
+def _batch_size(batch) -> int:
+    if isinstance(batch, Tensor):
+        return batch.shape[0]
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_size(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _batch_size(next(iter(batch.values())))
+    return 0
+
+
+def command_line() -> str:
+    launcher = "torchrun --nproc_per_node=" + os.environ["LOCAL_WORLD_SIZE"] + " " \
+        if "LOCAL_WORLD_SIZE" in os.environ else "python "
+    return launcher + " ".join(shlex.quote(a) for a in sys.argv)
+
+
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, RuntimeError, TypeError)
+
+
+def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str, Any]:
+    """Set up, build the family's task, then evaluate, profile or train; returns the final metrics."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ctx = init_distributed(cfg.dist, cfg.device)
+    if not ctx.is_main:
+        logging.getLogger().setLevel(logging.WARNING)  # one voice: rank 0
+    try:
+        seed_everything(cfg.seed)  # same initial weights on every rank
+        task = build_task(cfg)
+        trainer = Trainer(cfg, task, ctx)
+        seed_everything(cfg.seed + ctx.rank)  # different dropout / augmentation streams per rank
+        if cfg.resume:
+            path = find_checkpoint(cfg.resume, cfg.out)
+            if path is not None:
+                trainer.load_checkpoint(path)
+            elif ctx.is_main:
+                log.info("no checkpoint in %s yet; starting fresh", cfg.out)
+        if cfg.eval_only:
+            metrics = trainer.evaluate()
+            if ctx.is_main:
+                print(json.dumps({"eval": metrics}, default=str))
+            return metrics
+        if cfg.profile:
+            if trainer.train_loader is None:
+                raise ValueError("--profile needs training data (--data)")
+            report = trainer.profile()
+            if ctx.is_main:
+                print(report)
+            return {}
+        if trainer.train_loader is None:
+            raise ValueError("no training data: pass --data")
+        metrics = trainer.fit()
+        trainer.save_final(metrics)
+        if ctx.is_main and metrics:
+            print(json.dumps({"final": metrics}, default=str))
+        return metrics
+    finally:
+        ctx.close()
+
+
+def main_guard(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:
+    """Run a train script's main; a user error becomes one clear line and exit code 2."""
+    try:
+        main(argv)
+        return 0
+    except USER_ERRORS as e:
+        prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train"
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
