@@ -60,11 +60,12 @@ def build_task(cfg) -> Task:
         val_loss = float(s["nll"] / s["tokens"])
         return {"val_loss": round(val_loss, 4), "val_ppl": round(float(torch.exp(torch.tensor(val_loss))), 3)}
 
-    def after_eval(m, metrics, out):
+    def after_eval(m, metrics, out, is_main):
         # eager: every new cache length would be a new graph for a compiled model
         with torch.compiler.set_stance("force_eager"):
             sample = m.generate(torch.tensor([tokenizer.encode("\n")]), 200, temperature=0.8, seed=0)
-        (out / "sample.txt").write_text(tokenizer.decode(sample[0].tolist()))
+        if is_main:
+            (out / "sample.txt").write_text(tokenizer.decode(sample[0].tolist()))
 
     return Task(
         name="transformer_lm", model=model,

@@ -8,7 +8,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["autocast", "grad_scaler", "resolve_dtype"]
+__all__ = ["autocast", "grad_scaler", "resolve_dtype", "with_autocast"]
 
 _NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32, "off": torch.float32, "none": torch.float32}
@@ -76,3 +76,24 @@ def grad_scaler(device: str | torch.device = "cpu", dtype: str | torch.dtype | N
     if resolve_dtype(device, dtype) != torch.float16:
         return _NoScaler()
     return torch.amp.GradScaler(torch.device(device).type)
+
+
+def with_autocast(model, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = "auto"):
+    """Make `model` run its forward under autocast, in place (keys, methods and metadata unchanged);
+    floating outputs come back as fp32. `with_autocast(model, dtype="fp32")` undoes it."""
+    import functools
+
+    if "forward" in vars(model):
+        del model.forward
+    if resolve_dtype(device, dtype) == torch.float32:
+        return model
+    plain_forward = type(model).forward.__get__(model)
+
+    @functools.wraps(plain_forward)
+    def forward(*args, **kwargs):
+        with autocast(device, dtype):
+            out = plain_forward(*args, **kwargs)
+        return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+
+    model.forward = forward
+    return model

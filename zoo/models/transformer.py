@@ -106,6 +106,16 @@ class TransformerLM(nn.Module):
         return [KVCache(batch, c.n_kv_heads or c.n_heads, head_dim, max_len, device=device,
                         dtype=dtype or self.embed.weight.dtype) for _ in range(c.n_layers)]
 
+    # ------------------------------------------------------------------ benchmarking
+
+    bench_batch = 8
+
+    def example_inputs(self, batch: int = 8) -> tuple[Tensor]:
+        return (torch.randint(0, self.config.vocab_size, (batch, self.config.context)),)
+
+    def training_loss(self, idx: Tensor) -> Tensor:
+        return self.loss(idx[:, :-1], idx[:, 1:])
+
     # ------------------------------------------------------------------ generation
 
     @property

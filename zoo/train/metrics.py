@@ -51,7 +51,8 @@ class MetricsLogger:
 
     def _write_csv(self) -> None:
         rows = [{k: v for k, v in r.items() if _scalar(v) or k == "split"} for r in self.records]
-        columns = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("split", "step", "epoch"), k))
+        first = ["split", "step", "epoch"]
+        columns = first + sorted({k for r in rows for k in r} - set(first))
         with open(self.out / "metrics.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()

@@ -56,7 +56,9 @@ class Task:
     param_groups: Callable[[nn.Module, TrainConfig], list[dict]] | None = None  # e.g. layer-wise LR decay
     meta: dict[str, Any] = field(default_factory=dict)  # labels, preprocessing, dataset for zoo.save
     eval_batch_size: int | None = None
-    after_eval: Callable[[nn.Module, dict, Path], None] | None = None  # e.g. save a sample grid (rank 0)
+    # e.g. save a sample grid: (model, metrics, out, is_main); runs on every rank because a sharded (FSDP)
+    # model needs all of them for a forward pass; only the main rank should write.
+    after_eval: Callable[[nn.Module, dict, Path, bool], None] | None = None
 
 
 def seed_everything(seed: int) -> None:
@@ -364,10 +366,11 @@ class Trainer:
         if self.ctx.is_main:
             bar.write(f"step {self.step} epoch {self.epoch}: {format_metrics(self.last_eval)}")
             if metrics:
-                metrics.log({"split": "eval", "step": self.step, "epoch": self.epoch,
-                             **{k: v for k, v in self.last_eval.items()}})
-            if self.task.after_eval is not None:
-                self.task.after_eval(self.plain, self.last_eval, self.out)
+                metrics.log({"split": "eval", "step": self.step, "epoch": self.epoch, **self.last_eval})
+        if self.task.after_eval is not None:
+            self.model.eval()
+            self.task.after_eval(self.plain, self.last_eval, self.out, self.ctx.is_main)
+            self.model.train()
 
     # ------------------------------------------------------------------ final weights
 

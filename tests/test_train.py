@@ -1,0 +1,256 @@
+"""zoo.train on a tiny model and tiny synthetic data, through a real train script."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import zoo
+from zoo.train import Task, TrainConfig, Trainer
+from zoo.train.distributed import DistContext
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = str(ROOT / "train_scripts" / "transformer_lm.py")
+TINY = ["--context", "16", "--dim", "32", "--n-layers", "2", "--n-heads", "2", "--mlp-hidden", "32",
+        "--batch-size", "8", "--log-every", "1", "--warmup", "2", "--lr", "3e-3", "--workers", "0"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "corpus.txt"
+    g = torch.Generator().manual_seed(0)
+    words = ["the", "king", "queen", "speaks", "to", "his", "her", "lord", "and", "fair", "day", "night"]
+    text = " ".join(words[i] for i in torch.randint(0, len(words), (900,), generator=g).tolist())
+    path.write_text(text + "\n")
+    return str(path)
+
+
+def env():
+    e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    e.pop("WORLD_SIZE", None)
+    return e
+
+
+def run(args, *, check=True, timeout=300):
+    result = subprocess.run([sys.executable, SCRIPT, *args], env=env(), capture_output=True, text=True,
+                            timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}\n{result.stderr[-3000:]}")
+    return result
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc, args, *, extra=(), timeout=300):
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           f"--master_port={free_port()}", *extra, SCRIPT, *args]
+    result = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}\n{result.stderr[-3000:]}")
+    return result
+
+
+def weights(out):
+    return load_file(str(Path(out) / "model.safetensors"))
+
+
+def train_losses(out):
+    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if r["split"] == "train"]
+
+
+def assert_same_weights(a, b, atol=0.0):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0 if atol == 0 else 1e-4, msg=k)
+
+
+def test_resume_is_exact(corpus, tmp_path):
+    common = [*TINY, "--data", corpus, "--steps", "12", "--eval-every", "6", "--dropout", "0.1"]
+    run([*common, "--out", str(tmp_path / "full")])
+    # the same run stopped after 6 steps: its checkpoint at step 6, then resumed in a new process
+    run([*common, "--out", str(tmp_path / "half"), "--steps", "12", "--save-every", "6"])
+    half = tmp_path / "half"
+    for ckpt in sorted(half.glob("ckpt-*"))[1:]:
+        import shutil
+        shutil.rmtree(ckpt)
+    (half / "model.safetensors").unlink()
+    result = run([*common, "--out", str(half), "--resume"])
+    assert "resumed from" in result.stderr + result.stdout
+    assert_same_weights(weights(tmp_path / "full"), weights(half))
+    assert train_losses(tmp_path / "full") == train_losses(half)
+
+
+def test_checkpoints_keep_last_k_and_sigterm_saves(corpus, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, SCRIPT, *TINY, "--data", corpus, "--steps", "100000",
+                             "--eval-every", "50", "--save-every", "3", "--keep", "2", "--out", str(out)],
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if len(list(out.glob("ckpt-*"))) >= 2:
+                break
+            proc.wait(timeout=0.1) if proc.poll() is not None else __import__("time").sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    ckpts = sorted(out.glob("ckpt-*"))
+    assert len(ckpts) == 2, ckpts
+    assert not list(out.glob(".tmp-*"))
+
+
+KILL_IN_CHECKPOINT = """
+import os, signal, sys
+sys.argv = [{script!r}] + {args!r}
+import zoo.train.checkpoint as ck
+calls = []
+original = ck.rng_state
+def dying_rng_state():
+    calls.append(1)
+    if len(calls) == 2:  # second checkpoint: model shards written, trainer.pt not yet
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original()
+ck.rng_state = dying_rng_state
+import runpy
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def test_sigkill_while_writing_checkpoint_leaves_previous_loadable(corpus, tmp_path):
+    out = tmp_path / "run"
+    args = [*TINY, "--data", corpus, "--steps", "20", "--eval-every", "100", "--save-every", "4", "--out", str(out)]
+    result = subprocess.run([sys.executable, "-c", KILL_IN_CHECKPOINT.format(script=SCRIPT, args=args)],
+                            env=env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == -signal.SIGKILL
+    assert [p.name for p in out.glob("ckpt-*")] == ["ckpt-00000004"]
+    assert list(out.glob(".tmp-ckpt-*")), "the interrupted checkpoint stays a temporary folder"
+    result = run([*args, "--resume"])
+    assert "resumed from" in result.stderr + result.stdout and "ckpt-00000004" in result.stderr + result.stdout
+    assert (out / "model.safetensors").is_file()
+
+
+def test_ddp_two_processes_match_one_process_with_same_global_batch(corpus, tmp_path):
+    common = [*TINY, "--data", corpus, "--steps", "6", "--eval-every", "3", "--dropout", "0"]
+    run([*common, "--batch-size", "8", "--out", str(tmp_path / "one")])
+    torchrun(2, [*common, "--batch-size", "4", "--dist", "ddp", "--out", str(tmp_path / "two")])
+    # Same loss curve; weights are not compared exactly: Adam divides by sqrt(v), so a 1e-9 difference in
+    # the order of a gradient all-reduce can flip a near-zero update by up to lr.
+    torch.testing.assert_close(train_losses(tmp_path / "two"), train_losses(tmp_path / "one"), atol=1e-5, rtol=1e-5)
+    assert len(train_losses(tmp_path / "one")) == 6
+
+
+def test_fsdp_trains_and_resumes_on_one_process(corpus, tmp_path):
+    out = tmp_path / "fsdp"
+    common = [*TINY, "--data", corpus, "--eval-every", "4", "--dropout", "0"]
+    torchrun(2, [*common, "--steps", "4", "--batch-size", "4", "--dist", "fsdp", "--out", str(out)])
+    first = train_losses(out)
+    assert first[-1] < first[0]
+    # resume the 2-process FSDP checkpoint with one process (no --dist) for 4 more steps
+    result = run([*common, "--steps", "8", "--batch-size", "8", "--out", str(out), "--resume"])
+    assert "saved by 2 processes" in result.stderr + result.stdout
+    assert len(train_losses(out)) == 8
+    model = zoo.load("transformer_lm", pretrained=out / "model.safetensors")
+    assert model.config.dim == 32
+
+
+def test_two_nodes_on_localhost(corpus, tmp_path):
+    port = free_port()
+    args = [*TINY, "--data", corpus, "--steps", "3", "--eval-every", "3", "--batch-size", "4", "--dist", "ddp",
+            "--out", str(tmp_path / "nodes")]
+    cmds = [[sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+             f"--node_rank={rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=zootest",
+             SCRIPT, *args] for rank in (0, 1)]
+    procs = [subprocess.Popen(c, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
+    assert len(train_losses(tmp_path / "nodes")) == 3
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--data", "/nonexistent/corpus.txt", "--steps", "1"], "does not exist"),
+    (["--steps", "1"], "--data is required"),
+    (["--dist", "ddp", "--steps", "1"], "needs torchrun"),
+    (["--pretrained", "no-such-tag", "--steps", "1"], "not a weights tag"),
+    (["--steps", "1", "--batch-size", "0"], "--batch-size must be >= 1"),
+])
+def test_bad_arguments_give_one_clear_line(corpus, args, message):
+    if "--data" not in args and "--data" not in message:
+        args = [*args, "--data", corpus]
+    result = run(args, check=False)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert message in lines[-1] and "Traceback" not in result.stderr, result.stderr
+
+
+def test_eval_only_reproduces_saved_metric(corpus, tmp_path):
+    out = tmp_path / "run"
+    run([*TINY, "--data", corpus, "--steps", "4", "--eval-every", "4", "--out", str(out)])
+    saved = zoo.load("transformer_lm", pretrained=out / "model.safetensors").pretrained_meta
+    assert saved.command.startswith("python ") and "--steps 4" in saved.command
+    result = run(["--data", corpus, "--eval-only", "--pretrained", str(out / "model.safetensors"), "--batch-size", "8"])
+    evaluated = json.loads(result.stdout.strip().splitlines()[-1])["eval"]
+    assert evaluated["val_loss"] == saved.metrics["val_loss"]
+    assert (out / "metrics.csv").read_text().startswith("split,step,epoch")
+
+
+# ---------------------------------------------------------------- in-process: mixed precision
+
+
+class Linear2(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def tiny_task():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    y = x.sum(dim=1, keepdim=True)
+    data = torch.utils.data.TensorDataset(x, y)
+
+    def loss(m, batch):
+        return torch.nn.functional.mse_loss(m(batch[0]).float(), batch[1])
+
+    return Task(name="tiny", model=Linear2(), train_data=data, eval_data=data, loss=loss,
+                eval_step=lambda m, b: {"se": ((m(b[0]).float() - b[1]) ** 2).sum(), "n": torch.tensor(len(b[0]))},
+                summarize=lambda s: {"mse": float(s["se"] / s["n"])})
+
+
+def test_fp16_scaler_skips_step_with_inf_gradient(tmp_path):
+    cfg = TrainConfig(steps=4, amp="fp16", out=str(tmp_path), warmup=1, workers=0)
+    trainer = Trainer(cfg, tiny_task(), DistContext("none", torch.device("cpu")))
+    assert trainer.scaler.is_enabled()
+    before = [p.detach().clone() for p in trainer.plain.parameters()]
+    loss = trainer.task.loss(trainer.model, next(iter(trainer.train_loader)))
+    trainer.scaler.scale(loss).backward()
+    trainer.plain.net[0].weight.grad[0, 0] = float("inf")
+    scale = trainer.scaler.get_scale()
+    assert trainer._optimizer_step() is None
+    assert trainer.skipped_steps == 1 and trainer.scaler.get_scale() < scale
+    for b, p in zip(before, trainer.plain.parameters()):
+        assert torch.equal(b, p), "weights must not change on a skipped step"
+
+
+def test_bf16_autocast_trains_on_cpu(tmp_path):
+    cfg = TrainConfig(steps=40, amp="bf16", out=str(tmp_path), warmup=2, lr=1e-2, workers=0, batch_size=16,
+                      eval_every=40, ema=0.9)
+    trainer = Trainer(cfg, tiny_task(), DistContext("none", torch.device("cpu")))
+    first = trainer.evaluate()["mse"]
+    final = trainer.fit()["mse"]
+    assert final < first / 2
+    assert (tmp_path / "metrics.jsonl").is_file()

@@ -1,0 +1,231 @@
+"""The benchmark harness behind `zoo bench NAME` and the scripts in bench/.
+
+One process, side by side, warm-up then medians: eager fp32, channels_last, bf16 autocast, compile,
+compile+bf16, int8 and the peer library's model where the family names one; throughput, ratio to
+eager, FLOPs, achieved GFLOP/s against this machine's measured matmul peak, and the peak memory of a
+training step measured in a fresh process.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from zoo.accel.amp import with_autocast
+from zoo.accel.compile import compile as zoo_compile
+
+__all__ = ["time_call", "matmul_peak_gflops", "count_flops", "Variant", "variants_for", "bench_rows",
+           "format_table", "main"]
+
+
+def time_call(fn: Callable[[], object], *, warmup: int = 2, reps: int = 5, min_time: float = 0.0) -> float:
+    """Median seconds per call after warm-up (the first compiled calls are warm-up)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    while len(times) < reps or sum(times) < min_time:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    seconds = time_call(lambda: torch.mm(a, b), warmup=2, reps=5)
+    return 2 * n ** 3 / seconds / 1e9
+
+
+def count_flops(model: nn.Module, inputs: tuple) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(*inputs)
+    return counter.get_total_flops()
+
+
+def _has_conv(model: nn.Module) -> bool:
+    return any(isinstance(m, (nn.Conv2d, nn.Conv3d)) for m in model.modules())
+
+
+@dataclass
+class Variant:
+    name: str
+    build: Callable[[nn.Module, tuple], tuple[nn.Module, tuple]]  # (model, inputs) -> (runnable, inputs)
+    compiled: bool = False
+
+
+def _channels_last(model, inputs):
+    fmt = torch.channels_last if inputs[0].dim() == 4 else torch.channels_last_3d
+    return model.to(memory_format=fmt), tuple(t.to(memory_format=fmt) if t.dim() in (4, 5) else t for t in inputs)
+
+
+def _int8(model, inputs):
+    from zoo.accel.quantize import quantize
+    if _has_conv(model):
+        return quantize(model, "int8_static", calibration=[inputs]), inputs
+    return zoo_compile(quantize(model, "int8_dynamic")), inputs  # torchao int8 pays off only compiled
+
+
+def variants_for(model: nn.Module, *, compile: bool = True, int8: bool = True) -> list[Variant]:
+    conv = _has_conv(model)
+    out = [Variant("eager fp32", lambda m, x: (m, x))]
+    if conv:
+        out.append(Variant("channels_last", _channels_last))
+    out.append(Variant("bf16 autocast", lambda m, x: (with_autocast(m, "cpu", "bf16"), x)))
+    if compile:
+        out.append(Variant("compile", lambda m, x: (zoo_compile(m), x), compiled=True))
+        if conv:
+            out.append(Variant("compile+bf16+channels_last",
+                               lambda m, x: (zoo_compile(with_autocast(_channels_last(m, x)[0], "cpu", "bf16")),
+                                             _channels_last(m, x)[1]), compiled=True))
+        else:
+            out.append(Variant("compile+bf16", lambda m, x: (zoo_compile(with_autocast(m, "cpu", "bf16")), x),
+                               compiled=True))
+    if int8:
+        out.append(Variant("int8 (static PT2E)" if conv else "int8 dynamic (torchao, compiled)", _int8,
+                           compiled=not conv))
+    return out
+
+
+def bench_rows(model: nn.Module, inputs: tuple, variants: list[Variant], *, label: str = "zoo",
+               reps: int = 5, baseline_s: float | None = None) -> list[dict]:
+    """Time each variant on a fresh copy of the model; ratio is to `baseline_s` (default: first row)."""
+    rows = []
+    batch = inputs[0].shape[0]
+    for v in variants:
+        try:
+            runnable, x = v.build(copy.deepcopy(model).eval(), inputs)
+            with torch.inference_mode():
+                seconds = time_call(lambda: runnable(*x), warmup=3 if v.compiled else 1, reps=reps)
+        except Exception as e:  # a mode that does not apply is a row saying so, not a crash
+            rows.append({"model": label, "mode": v.name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"})
+            continue
+        baseline_s = baseline_s or seconds
+        rows.append({"model": label, "mode": v.name, "ms": seconds * 1e3, "items_per_s": batch / seconds,
+                     "ratio": baseline_s / seconds})
+    return rows
+
+
+def train_step_peak_mb(name: str, batch: int, checkpointing: str = "none", amp: str = "off") -> float:
+    """Peak RSS growth of one training step, in a fresh process (see BASELINES.md for the method)."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    code = (f"from zoo.accel.bench import _train_step_child; _train_step_child({name!r}, {batch}, "
+            f"{checkpointing!r}, {amp!r})")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise RuntimeError(f"training-step memory probe failed: {result.stderr.strip().splitlines()[-1:]}")
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def _train_step_child(name: str, batch: int, checkpointing: str, amp: str) -> None:
+    import zoo
+    from zoo.accel.amp import autocast
+    from zoo.accel.checkpointing import checkpointing as apply_checkpointing
+    model = zoo.load(name).train()
+    if checkpointing != "none":
+        apply_checkpointing(model, checkpointing)
+    inputs = model.example_inputs(batch)
+
+    def step():
+        with autocast("cpu", "bf16" if amp == "bf16" else "fp32"):
+            out = model.training_loss(*inputs) if hasattr(model, "training_loss") else model(*inputs).float().mean()
+        out.backward()
+        model.zero_grad(set_to_none=True)
+
+    step()  # warm-up: allocator pools, lazy init
+    import gc
+    gc.collect()
+    base = _current_rss_kb()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the kernel's peak-RSS counter, so ru_maxrss is this step's peak
+    except OSError:
+        pass  # then the peak may include the warm-up step, which is about the same size
+    step()
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+
+
+def _current_rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def format_table(rows: list[dict], flops: int | None = None, peaks: dict[str, float] | None = None) -> str:
+    lines = [f"{'model':<14} {'mode':<34} {'ms/batch':>9} {'items/s':>9} {'ratio':>6} {'GFLOP/s':>8} {'% peak':>7}"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['model']:<14} {r['mode']:<34} {'n/a: ' + r['error']}")
+            continue
+        gflops = flops / (r["ms"] / 1e3) / 1e9 if flops else float("nan")
+        peak = (peaks or {}).get("bf16" if ("bf16" in r["mode"] or "int8" in r["mode"]) else "fp32")
+        frac = f"{100 * gflops / peak:6.1f}%" if peak and flops else "    -"
+        lines.append(f"{r['model']:<14} {r['mode']:<34} {r['ms']:9.1f} {r['items_per_s']:9.1f} {r['ratio']:5.2f}x "
+                     f"{gflops:8.1f} {frac:>7}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import zoo
+    parser = argparse.ArgumentParser(prog="zoo bench", description="Benchmark a registry model side by side.")
+    parser.add_argument("name")
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--no-compile", action="store_true", help="skip the compiled rows (each compiles 20-60 s)")
+    parser.add_argument("--no-int8", action="store_true")
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--no-memory", action="store_true", help="skip the training-step peak-memory probe")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    model = zoo.load(args.name)
+    if not hasattr(model, "example_inputs"):
+        raise ValueError(f"{args.name} does not define example_inputs(); it cannot be benchmarked yet")
+    batch = args.batch or getattr(model, "bench_batch", 8)
+    inputs = model.example_inputs(batch)
+    torch.manual_seed(0)
+    peaks = {"fp32": matmul_peak_gflops(torch.float32), "bf16": matmul_peak_gflops(torch.bfloat16)}
+    flops = count_flops(model, inputs)
+    params = sum(p.numel() for p in model.parameters())
+    shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
+    print(f"{args.name}: {params / 1e6:.2f}M params, {flops / 1e9:.2f} GFLOP per batch of {shapes}; "
+          f"{torch.get_num_threads()} threads; matmul peak fp32 {peaks['fp32']:.0f}, bf16 {peaks['bf16']:.0f} GFLOP/s")
+    rows = bench_rows(model, inputs, variants_for(model, compile=not args.no_compile, int8=not args.no_int8),
+                      reps=args.reps)
+    if not args.no_peer and hasattr(model, "peer_model"):
+        peer = model.peer_model()
+        if peer is not None:
+            label, peer_model, peer_inputs = peer
+            baseline = rows[0].get("ms", 0) / 1e3 or None
+            rows += bench_rows(peer_model, peer_inputs, [v for v in variants_for(peer_model, compile=False, int8=False)],
+                               label=label, reps=args.reps, baseline_s=baseline)
+    print(format_table(rows, flops, peaks))
+    memory = {}
+    if not args.no_memory:
+        for amp in ("off", "bf16"):
+            try:
+                memory[f"train step peak MB ({amp})"] = round(train_step_peak_mb(args.name, batch, amp=amp), 1)
+            except Exception as e:
+                memory[f"train step peak MB ({amp})"] = f"n/a ({e})"
+        print("; ".join(f"{k}: {v}" for k, v in memory.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.name, "batch": batch, "params": params, "flops": flops, "peaks": peaks,
+                       "rows": rows, "memory": memory}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

