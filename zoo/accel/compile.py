@@ -31,7 +31,7 @@ def _compile_errors() -> tuple[type[BaseException], ...]:
 
 def compile(model: nn.Module, mode: Literal["default", "reduce-overhead", "max-autotune"] = "default", *,
             dynamic: bool | None = None, fullgraph: bool = False, strict: bool = False,
-            dynamic_dims: tuple[int, ...] = (), backend: str = "inductor") -> nn.Module:
+            dynamic_dims: tuple[int, ...] = (), backend="inductor") -> nn.Module:
     """Compile `model` in place with `nn.Module.compile` and return it.
 
     The model object, its state-dict keys (no `_orig_mod.`), methods and metadata stay as they are.
@@ -41,10 +41,17 @@ def compile(model: nn.Module, mode: Literal["default", "reduce-overhead", "max-a
     """
     if mode not in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
         raise ValueError(f"unknown compile mode {mode!r}; choose default, reduce-overhead or max-autotune")
-    model.compile(mode=mode if backend == "inductor" else None, dynamic=dynamic, fullgraph=fullgraph,
-                  backend=backend)
-    compiled_call = model._compiled_call_impl
     errors = _compile_errors()
+    try:
+        model.compile(mode=mode if backend == "inductor" else None, dynamic=dynamic, fullgraph=fullgraph,
+                      backend=backend)
+    except errors as e:
+        if strict:
+            raise
+        warnings.warn(f"torch.compile is unavailable for {type(model).__name__} ({e}); using the eager model",
+                      RuntimeWarning, stacklevel=2)
+        return model
+    compiled_call = model._compiled_call_impl
 
     def guarded_call(*args, **kwargs):
         for t in args:

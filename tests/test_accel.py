@@ -1,0 +1,202 @@
+"""zoo.accel on small models: compile, autocast, GradScaler, quantize, checkpointing, export, optimize."""
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import zoo
+import zoo.accel as accel
+
+torch.manual_seed(0)
+
+
+def tiny_lm(**overrides):
+    config = dict(vocab_size=16, context=16, dim=32, n_layers=2, n_heads=4, mlp_hidden=32, dropout=0.0)
+    return zoo.load("transformer_lm", **{**config, **overrides})
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                                      nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+
+class Uncompilable(nn.Module):
+    """Has a graph break, so fullgraph compilation must fail."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        torch._dynamo.graph_break()
+        return self.lin(x)
+
+
+def test_compile_matches_eager_and_keeps_identity():
+    model = tiny_lm()
+    x = torch.randint(0, 16, (2, 10))
+    eager = model(x)
+    compiled = accel.compile(model)
+    assert compiled is model and accel.is_compiled(model)
+    torch.testing.assert_close(compiled(x), eager, atol=1e-5, rtol=1e-5)
+    assert not any("_orig_mod" in k for k in model.state_dict())
+
+
+def test_compile_failure_falls_back_with_one_warning():
+    model = accel.compile(Uncompilable(), fullgraph=True)
+    x = torch.randn(2, 4)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed.*running eager"):
+        out = model(x)
+    torch.testing.assert_close(out, model.lin(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(x)  # warned once, not every call
+
+
+def test_compile_strict_raises():
+    model = accel.compile(Uncompilable(), fullgraph=True, strict=True)
+    with pytest.raises(torch._dynamo.exc.TorchDynamoException):
+        model(torch.randn(2, 4))
+    with pytest.warns(RuntimeWarning, match="unavailable"):
+        accel.compile(Uncompilable(), backend="no_such_backend")
+
+
+def test_compile_bad_mode():
+    with pytest.raises(ValueError, match="unknown compile mode"):
+        accel.compile(Uncompilable(), mode="fastest")
+
+
+def test_autocast_runs_bf16_on_cpu_and_norms_stay_fp32():
+    model = tiny_lm()
+    seen = {}
+    model.blocks[0].attn.qkv.register_forward_hook(lambda m, i, o: seen.update(qkv=o.dtype))
+    with accel.autocast("cpu"):
+        model(torch.randint(0, 16, (2, 8)))
+        x = torch.randn(4, 32) * 300
+        # the norm's statistics are computed in fp32: same as the fp32 result rounded once
+        assert torch.equal(model.norm(x.bfloat16()), model.norm(x.bfloat16().float()).bfloat16())
+    assert seen["qkv"] == torch.bfloat16
+    assert accel.resolve_dtype("cpu") == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown precision"):
+        accel.resolve_dtype("cpu", "int4")
+
+
+def test_grad_scaler_choice():
+    assert accel.grad_scaler("cpu", "bf16").is_enabled() is False
+    assert accel.grad_scaler("cpu", "fp32").get_scale() == 1.0
+    assert isinstance(accel.grad_scaler("cpu", "fp16"), torch.amp.GradScaler)
+
+
+def test_with_autocast_in_place_returns_fp32():
+    model = tiny_lm()
+    keys = list(model.state_dict())
+    accel.with_autocast(model, "cpu", "bf16")
+    out = model(torch.randint(0, 16, (1, 4)))
+    assert out.dtype == torch.float32 and list(model.state_dict()) == keys
+    accel.with_autocast(model, "cpu", "fp32")
+    assert "forward" not in vars(model)
+
+
+def _rel_err(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def test_int8_dynamic_and_weight_only_on_linear_model():
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256)).eval()
+    x = torch.randn(8, 256)
+    for method in ("int8_dynamic", "int8_weight_only"):
+        q = accel.quantize(model, method)
+        with torch.no_grad():
+            assert _rel_err(q(x), model(x)) < 0.05
+        assert accel.model_size_bytes(model) / accel.model_size_bytes(q) >= 3.5
+    assert isinstance(model[0], nn.Linear) and model[0].weight.dtype == torch.float32, "input model untouched"
+
+
+def test_int8_static_on_conv_model():
+    model = ConvNet().eval()
+    batches = [torch.randn(4, 3, 16, 16) for _ in range(4)]
+    q = accel.quantize(model, "int8_static", calibration=batches)
+    with torch.no_grad():
+        assert _rel_err(q(batches[0]), model(batches[0])) < 0.05
+    assert accel.model_size_bytes(model) / accel.model_size_bytes(q) >= 3.5
+
+
+def test_quantize_errors_name_the_problem():
+    with pytest.raises(ValueError, match="no convolutions; use int8_dynamic"):
+        accel.quantize(nn.Sequential(nn.Linear(4, 4)), "int8_static", calibration=[torch.randn(1, 4)])
+    with pytest.raises(ValueError, match="needs calibration"):
+        accel.quantize(ConvNet(), "int8_static")
+    with pytest.raises(ValueError, match="has none; for a convolutional model use int8_static"):
+        accel.quantize(nn.Sequential(nn.Conv2d(3, 3, 1)), "int8_dynamic")
+    with pytest.raises(ValueError, match="unknown quantization method"):
+        accel.quantize(ConvNet(), "int4")
+
+
+@pytest.mark.parametrize("policy", ["blocks", "every_k", "selective", "callable"])
+def test_checkpointing_gives_identical_gradients(policy):
+    model = tiny_lm().train()
+    x = torch.randint(0, 16, (2, 12))
+
+    def grads():
+        model.zero_grad()
+        model.training_loss(x).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain = grads()
+    keys = list(model.state_dict())
+    chosen = (lambda m: type(m).__name__ == "SwiGLU") if policy == "callable" else policy
+    accel.checkpointing(model, chosen)
+    assert accel.checkpointing.__module__ and accel.checkpointing is not None
+    from zoo.accel.checkpointing import checkpointed_modules
+    assert checkpointed_modules(model)
+    for a, b in zip(plain, grads()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert list(model.state_dict()) == keys, "state-dict keys are an API"
+    accel.checkpointing(model, "none")
+    assert not checkpointed_modules(model)
+
+
+def test_checkpointing_errors():
+    with pytest.raises(ValueError, match="unknown checkpointing policy"):
+        accel.checkpointing(tiny_lm(), "sometimes")
+    with pytest.raises(ValueError, match="does not list its blocks"):
+        accel.checkpointing(ConvNet(), "blocks")
+    with pytest.raises(ValueError, match="selected no module"):
+        accel.checkpointing(ConvNet(), lambda m: False)
+
+
+def test_onnx_export_matches_onnxruntime_with_dynamic_axes(tmp_path):
+    pytest.importorskip("onnxruntime")
+    model = tiny_lm().eval()
+    path = accel.export_onnx(model, (torch.randint(0, 16, (2, 12)),), tmp_path / "lm.onnx", dynamic_dims={0: (1,)})
+    assert accel.check_onnx(path, model, (torch.randint(0, 16, (3, 7)),)) < 1e-4
+
+
+def test_onnx_export_conv_model(tmp_path):
+    pytest.importorskip("onnxruntime")
+    model = ConvNet().eval()
+    path = accel.export_onnx(model, (torch.randn(2, 3, 16, 16),), tmp_path / "conv.onnx")
+    assert accel.check_onnx(path, model, (torch.randn(5, 3, 16, 16),)) < 1e-4
+
+
+def test_torch_export_program():
+    model = tiny_lm().eval()
+    program = accel.export_program(model, (torch.randint(0, 16, (2, 12)),), dynamic_dims={0: (1,)})
+    x = torch.randint(0, 16, (3, 9))
+    torch.testing.assert_close(program.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_optimize_never_slower_than_eager_and_within_tolerance():
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8)).eval()
+    x = torch.randn(16, 64)
+    best, report = accel.optimize(model, (x,), tolerance=0.05, compile=False, int8=False, reps=3)
+    assert "chosen:" in report and "eager fp32" in report
+    with torch.no_grad():
+        assert _rel_err(best(x).float(), model(x)) <= 0.05

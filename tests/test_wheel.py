@@ -1,0 +1,46 @@
+"""A built wheel carries the shipped weights: install it in a fresh venv and load from elsewhere."""
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHECK = """
+import json, zoo
+from zoo.weights import weights_dir, read_manifest
+from zoo.registry import get_entry
+assert "site-packages" in zoo.__file__, zoo.__file__
+assert weights_dir().name == "_weights", weights_dir()
+manifest = read_manifest()
+loaded = []
+for name in zoo.list_models():
+    entry = get_entry(name)
+    if entry.default_tag is not None:
+        assert entry.weights[entry.default_tag] in manifest
+        zoo.load(name, pretrained=True)
+        loaded.append(name)
+print(json.dumps({"files": sorted(manifest), "loaded": loaded}))
+"""
+
+
+@pytest.mark.slow
+def test_wheel_carries_weights_and_loads(tmp_path):
+    wheel_dir = tmp_path / "wheel"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
+                    "-w", str(wheel_dir), "-q"], check=True, cwd=tmp_path)
+    wheel = next(wheel_dir.glob("zoo-*.whl"))
+    env_dir = tmp_path / "venv"
+    # system site-packages provide torch & co.; the wheel itself is installed fresh into the venv
+    venv.create(env_dir, system_site_packages=True, with_pip=True)
+    python = env_dir / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True)
+    result = subprocess.run([str(python), "-c", CHECK], cwd=tmp_path, capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    import json
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    shipped = json.loads((ROOT / "weights" / "manifest.json").read_text())
+    assert report["files"] == sorted(shipped)
