@@ -51,13 +51,25 @@ def free_port():
         return s.getsockname()[1]
 
 
-def torchrun(nproc, args, *, extra=(), timeout=300):
+def communicate(procs, timeout):
+    """Wait for launched process groups; on timeout kill them whole, so no worker outlives the test."""
+    try:
+        return [p.communicate(timeout=timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+        raise
+
+
+def torchrun(nproc, args, *, timeout=300):
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", *extra, SCRIPT, *args]
-    result = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout)
-    if result.returncode != 0:
-        raise AssertionError(f"exit {result.returncode}\n{result.stderr[-3000:]}")
-    return result
+           f"--master_port={free_port()}", SCRIPT, *args]
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    (out, err), = communicate([proc], timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{err[-3000:]}")
+    return out
 
 
 def weights(out):
@@ -172,8 +184,9 @@ def test_two_nodes_on_localhost(corpus, tmp_path):
     cmds = [[sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
              f"--node_rank={rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=zootest",
              SCRIPT, *args] for rank in (0, 1)]
-    procs = [subprocess.Popen(c, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
-    results = [p.communicate(timeout=300) for p in procs]
+    procs = [subprocess.Popen(c, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True) for c in cmds]
+    results = communicate(procs, 300)
     assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
     assert len(train_losses(tmp_path / "nodes")) == 3
 

@@ -43,8 +43,11 @@ def load(name: str, pretrained: bool | str | os.PathLike = False, **config_overr
     elif hasattr(entry.model_cls, "convert_foreign"):
         # e.g. a Hugging Face BERT folder: the family maps its keys and reads its config.json
         state_dict, base_config = entry.model_cls.convert_foreign(state_dict, weights.folder)
-    new_head = ("num_classes" in config_overrides
-                and (base_config or {}).get("num_classes") != config_overrides["num_classes"])
+    head_prefixes = tuple(getattr(entry.model_cls, "head_prefixes", ()))
+    new_head = (("num_classes" in config_overrides
+                 and (base_config or {}).get("num_classes") != config_overrides["num_classes"])
+                # a backbone-only checkpoint (e.g. Hugging Face BertModel) gets a fresh head
+                or (meta is None and bool(head_prefixes) and not any(k.startswith(head_prefixes) for k in state_dict)))
     model = entry.model_cls(build_config(entry, base_config, **config_overrides))
     load_state_dict_into(model, state_dict, source=weights.source, reinit_head=new_head)
     if meta is not None and new_head:

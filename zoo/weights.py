@@ -308,8 +308,8 @@ def load_state_dict_into(model: torch.nn.Module, state_dict: dict[str, torch.Ten
             k.startswith(head_prefixes) for k in mismatched) and head_prefixes else ""
         raise WeightsError(f"weights {source} do not fit {type(model).__name__}: {'; '.join(problems)}.{hint}")
     if skipped:
-        warnings.warn(f"{type(model).__name__}: head re-initialised for the new num_classes; not loaded from "
-                      f"{source}: {', '.join(skipped)}", UserWarning, stacklevel=3)
+        warnings.warn(f"{type(model).__name__}: head re-initialised (new num_classes, or no head in the "
+                      f"checkpoint); not loaded from {source}: {', '.join(skipped)}", UserWarning, stacklevel=3)
     model.load_state_dict({k: v for k, v in state_dict.items() if k not in skipped}, strict=False)
 
 

