@@ -33,6 +33,14 @@ def load(name: str, pretrained: bool | str | os.PathLike = False, **config_overr
         model = entry.model_cls(build_config(entry, **config_overrides))
         model.pretrained_meta = None
         return model.eval()
+    external = getattr(entry.model_cls, "external_weights", {})
+    if isinstance(pretrained, str) and pretrained in external:
+        # weights from another library's own API (e.g. torchvision's ImageNet weights), converted by the family
+        model = entry.model_cls(build_config(entry, **config_overrides))
+        state_dict, meta = external[pretrained](model.config)
+        load_state_dict_into(model, state_dict, source=pretrained, reinit_head=False)
+        model.pretrained_meta = meta
+        return model.eval()
     weights = resolve_weights(entry, pretrained)
     meta, state_dict, base_config = weights.meta, weights.state_dict, None
     if meta is not None:

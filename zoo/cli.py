@@ -106,6 +106,13 @@ def cmd_cards(args) -> int:
     return 0
 
 
+def cmd_publish(args) -> int:
+    from zoo.weights import publish
+    path = publish(args.file, args.name, args.tag)
+    print(f"published {path}; make sure {args.name}'s registration lists the tag {args.tag!r}, then run `zoo cards`")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zoo", description="A reference model zoo for PyTorch.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -125,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cards", help="regenerate MODEL_CARDS.md")
     p.add_argument("--out", default="MODEL_CARDS.md")
     p.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
+    p = sub.add_parser("publish", help="copy trained weights into weights/ and the manifest (maintainers)")
+    p.add_argument("file")
+    p.add_argument("name")
+    p.add_argument("tag")
     return parser
 
 
@@ -134,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.command not in ("predict", "bench"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s: %(message)s")
-    commands = {"list": cmd_list, "info": cmd_info, "demo": cmd_demo, "cards": cmd_cards}
+    commands = {"list": cmd_list, "info": cmd_info, "demo": cmd_demo, "cards": cmd_cards, "publish": cmd_publish}
     try:
         if args.command in ("predict", "bench"):
             return {"predict": cmd_predict, "bench": cmd_bench}[args.command](args, extra)

@@ -381,3 +381,21 @@ def push_to_hub(model: torch.nn.Module, repo_id: str, meta=None, *, private: boo
         api.create_repo(repo_id, private=private, exist_ok=True)
         api.upload_folder(repo_id=repo_id, folder_path=tmp, revision=revision, commit_message=commit_message)
     return f"hf://{repo_id}" + (f"@{revision}" if revision else "")
+
+
+def publish(src: str | os.PathLike, name: str, tag: str) -> Path:
+    """Copy a trained weights file into weights/ as `{name}.{tag}.safetensors` and record its sha256 and
+    size in the manifest. The model's registration must name the tag (and make it the default if it is)."""
+    import shutil
+
+    src = Path(src)
+    _, meta = read_weights(src)  # verifies the file before it is shipped
+    if meta is None or meta.model != name:
+        raise WeightsError(f"{src} is not a zoo weights file for {name!r}")
+    folder = weights_dir()
+    filename = f"{name}.{tag}.safetensors"
+    shutil.copyfile(src, folder / filename)
+    manifest = read_manifest()
+    manifest[filename] = {"sha256": file_sha256(folder / filename), "size": (folder / filename).stat().st_size}
+    atomic_write_bytes(folder / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    return folder / filename

@@ -1,0 +1,121 @@
+"""effnetv2_cls: torchvision parity both ways (s, m, l), the timm contract, images and errors."""
+import urllib.error
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+
+import zoo
+from zoo.models.effnetv2 import from_torchvision, to_torchvision
+
+
+@pytest.mark.parametrize("variant", ["s", "m", "l"])
+def test_torchvision_parity_both_directions(variant):
+    torch.manual_seed(0)
+    tv = getattr(torchvision.models, f"efficientnet_v2_{variant}")(num_classes=7).eval()
+    model = zoo.load("effnetv2_cls", variant=variant, num_classes=7)
+    model.load_state_dict(from_torchvision(tv.state_dict(), model.config))
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), tv(x), atol=1e-5, rtol=1e-5)
+    fresh = getattr(torchvision.models, f"efficientnet_v2_{variant}")(num_classes=7).eval()
+    fresh.load_state_dict(to_torchvision(model))  # strict: every key, every shape
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_wrong_variant_names_the_key():
+    tv = torchvision.models.efficientnet_v2_s()
+    model = zoo.load("effnetv2_cls", variant="m")
+    with pytest.raises(ValueError, match=r"features\..*has shape .* is it EfficientNetV2-M\?|lacks features"):
+        from_torchvision(tv.state_dict(), model.config)
+    with pytest.raises(ValueError, match="no EfficientNetV2-B0"):
+        to_torchvision(zoo.load("effnetv2_cls", variant="b0"))
+
+
+def test_torchvision_weights_offline_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    with pytest.raises(RuntimeError, match="could not fetch torchvision's EfficientNet_V2_S.*needs network once"):
+        zoo.load("effnetv2_cls", variant="s", pretrained="torchvision")
+
+
+@pytest.mark.parametrize("variant,params_m", [("b0", 7.14), ("b1", 8.14), ("b2", 10.10), ("b3", 14.38)])
+def test_b_variants_sizes(variant, params_m):
+    model = zoo.load("effnetv2_cls", variant=variant)
+    assert abs(sum(p.numel() for p in model.parameters()) / 1e6 - params_m) < 0.01
+
+
+def test_feature_maps_and_small_image_stem():
+    model = zoo.load("effnetv2_cls", variant="b0", stem_stride=1, num_classes=10)
+    x = torch.randn(2, 3, 32, 32)
+    feats = model.forward_intermediates(x)
+    info = model.feature_info()
+    assert [f.shape[1] for f in feats] == [i["channels"] for i in info]
+    assert [32 // f.shape[-1] for f in feats] == [i["reduction"] for i in info] == [1, 2, 4, 8, 16]
+    assert model(x).shape == (2, 10)
+    assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (2, 1280)
+
+
+def test_reset_head_and_new_num_classes_from_saved_weights(tmp_path):
+    model = zoo.load("effnetv2_cls", variant="b0", num_classes=10)
+    zoo.save(model, tmp_path / "m.safetensors", {"labels": [str(i) for i in range(10)]})
+    with pytest.warns(UserWarning, match=r"head\.bias, head\.weight"):
+        tuned = zoo.load("effnetv2_cls", pretrained=tmp_path / "m.safetensors", num_classes=3)
+    assert torch.equal(tuned.stem.conv.weight, model.stem.conv.weight)
+    assert tuned(torch.randn(1, 3, 32, 32)).shape == (1, 3)
+    tuned.reset_head(0)
+    assert tuned(torch.randn(1, 3, 32, 32)).shape == (1, 1280)
+
+
+def test_channels_last_gives_the_same_output():
+    model = zoo.load("effnetv2_cls", variant="b0", num_classes=10)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        want = model(x)
+        model = model.to(memory_format=torch.channels_last)
+        got = model(x.to(memory_format=torch.channels_last))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_grad_checkpointing_same_gradients():
+    torch.manual_seed(0)
+    model = zoo.load("effnetv2_cls", variant="b0", num_classes=10, drop_path_rate=0.0, drop_rate=0.0).train()
+    x = torch.randn(4, 3, 32, 32)
+
+    def grads():
+        model.zero_grad()
+        model(x).square().mean().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain = grads()
+    model.set_grad_checkpointing(True)
+    for a, b in zip(plain, grads()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    model.set_grad_checkpointing(False)
+
+
+def test_predict_converts_images_and_rejects_non_images(tmp_path):
+    from PIL import Image
+    Image.fromarray((np.random.rand(50, 70) * 255).astype("uint8")).save(tmp_path / "grey.png")
+    Image.fromarray((np.random.rand(31, 45, 4) * 255).astype("uint8"), "RGBA").save(tmp_path / "rgba.png")
+    (tmp_path / "notes.jpg").write_text("not an image")
+    model = zoo.load("effnetv2_cls", variant="b0", num_classes=10)
+    results = model.predict([tmp_path / "grey.png", tmp_path / "rgba.png"], top_k=3)
+    assert [len(r) for r in results] == [3, 3]
+    assert abs(sum(p for _, p in model.predict([tmp_path / "grey.png"], top_k=10)[0]) - 1) < 1e-3
+    with pytest.raises(ValueError, match="not an image file"):
+        model.predict([tmp_path / "notes.jpg"])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        model.predict([tmp_path / "missing.png"])
+
+
+def test_onnx_export_of_the_family(tmp_path):
+    pytest.importorskip("onnxruntime")
+    model = zoo.load("effnetv2_cls", variant="b0", num_classes=10, stem_stride=1).eval()
+    path = zoo.accel.export_onnx(model, (torch.randn(2, 3, 32, 32),), tmp_path / "b0.onnx")
+    assert zoo.accel.check_onnx(path, model, (torch.randn(3, 3, 32, 32),)) < 1e-4
