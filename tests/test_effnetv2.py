@@ -119,3 +119,35 @@ def test_onnx_export_of_the_family(tmp_path):
     model = zoo.load("effnetv2_cls", variant="b0", num_classes=10, stem_stride=1).eval()
     path = zoo.accel.export_onnx(model, (torch.randn(2, 3, 32, 32),), tmp_path / "b0.onnx")
     assert zoo.accel.check_onnx(path, model, (torch.randn(3, 3, 32, 32),)) < 1e-4
+
+
+def test_training_script_npz_eval_only_and_linear_probe(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    g = np.random.default_rng(0)
+    np.savez(tmp_path / "tiny.npz", x_train=g.integers(0, 255, (48, 16, 16, 3), dtype=np.uint8),
+             y_train=np.arange(48) % 3, x_test=g.integers(0, 255, (12, 16, 16, 3), dtype=np.uint8),
+             y_test=np.arange(12) % 3, class_names=np.array(["a", "b", "c"]))
+    script = str(root / "train_scripts" / "effnetv2_cls.py")
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    common = ["--data", str(tmp_path / "tiny.npz"), "--batch-size", "8", "--workers", "0"]
+    run = subprocess.run([sys.executable, script, *common, "--steps", "3", "--out", str(tmp_path / "run"),
+                          "--cutmix", "1.0"], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    saved = zoo.load("effnetv2_cls", pretrained=tmp_path / "run" / "model.safetensors")
+    assert saved.labels == ["a", "b", "c"] and saved.config.stem_stride == 1
+    again = subprocess.run([sys.executable, script, *common, "--eval-only", "--pretrained",
+                            str(tmp_path / "run" / "model.safetensors")], capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["eval"]["top1"] == saved.pretrained_meta.metrics["top1"]
+    probe = subprocess.run([sys.executable, script, *common, "--steps", "2", "--pretrained",
+                            str(tmp_path / "run" / "model.safetensors"), "--num-classes", "3", "--freeze-backbone",
+                            "--out", str(tmp_path / "probe")], capture_output=True, text=True, env=env, timeout=600)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    probed = zoo.load("effnetv2_cls", pretrained=tmp_path / "probe" / "model.safetensors")
+    assert torch.equal(probed.stem.conv.weight, saved.stem.conv.weight), "frozen backbone unchanged"
+    assert not torch.equal(probed.head.weight, saved.head.weight)

@@ -1,0 +1,126 @@
+"""Train or fine-tune `effnetv2_cls` on an ImageFolder tree or an .npz of uint8 images.
+
+    python train_scripts/effnetv2_cls.py --data ../shared/data/cifar10/cifar10_small.npz --variant b0 \
+        --stem-stride 1 --epochs 30 --amp bf16
+    python train_scripts/effnetv2_cls.py --data DIR --pretrained default --num-classes 5 --freeze-backbone
+    python train_scripts/effnetv2_cls.py --eval-only --pretrained default --data ../shared/data/cifar10/cifar10_small.npz
+
+The .npz holds x_train/y_train and x_test/y_test (evaluated each epoch); an ImageFolder has train/
+and test/ sub-folders or one folder of classes (then only trained on).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import zoo
+from zoo.data.images import ArrayImages, load_image_split, tensor_eval_transform, train_transform
+from zoo.train import Task, add_train_args, config_from_args, main_guard, run
+
+CIFAR_MEAN, CIFAR_STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
+IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def build_task(cfg) -> Task:
+    a = cfg.extra
+    if cfg.data is None:
+        raise ValueError("--data is required: an ImageFolder directory or an .npz with x_train/y_train")
+    x_train, y_train, names = load_image_split(cfg.data, "train")
+    try:
+        x_test, y_test, _ = load_image_split(cfg.data, "test")
+    except (ValueError, FileNotFoundError):
+        x_test = y_test = None
+    size = a["image_size"] or x_train.shape[1]
+    small = size <= 64
+    mean, std = (CIFAR_MEAN, CIFAR_STD) if small else (IMAGENET_MEAN, IMAGENET_STD)
+
+    if cfg.pretrained:
+        overrides = {"num_classes": cfg.num_classes} if cfg.num_classes else {}
+        model = zoo.load("effnetv2_cls", pretrained=cfg.pretrained, **overrides)
+        meta = model.pretrained_meta
+        if meta and meta.preprocessing.get("mean"):
+            mean, std = meta.preprocessing["mean"], meta.preprocessing["std"]
+        if cfg.eval_only and meta and meta.labels and len(meta.labels) == len(names):
+            names = meta.labels
+    else:
+        model = zoo.load("effnetv2_cls", variant=a["variant"], stem_stride=a["stem_stride"],
+                         num_classes=cfg.num_classes or len(names), drop_path_rate=a["drop_path"])
+    if model.config.num_classes != len(names):
+        raise ValueError(f"the data has {len(names)} classes but the model {model.config.num_classes}; "
+                         "pass --num-classes to re-initialise the head")
+    if a["freeze_backbone"]:  # linear probe: only the classifier learns
+        for name, p in model.named_parameters():
+            p.requires_grad = name.startswith("head.")
+    if a["channels_last"]:
+        model = model.to(memory_format=torch.channels_last)
+
+    k = len(names)
+    mixup = _mixup(k, a["mixup"], a["cutmix"])
+
+    def loss(m, batch):
+        x, y = batch
+        if mixup is not None:
+            x, y = mixup(x, y)  # soft targets (B, k)
+        logits = m(x.contiguous(memory_format=torch.channels_last) if a["channels_last"] else x)
+        return F.cross_entropy(logits.float(), y, label_smoothing=a["label_smoothing"])
+
+    def eval_step(m, batch):
+        x, y = batch
+        logits = m(x).float()
+        top5 = logits.topk(min(5, k), dim=1).indices
+        pred = top5[:, 0]
+        return {"confusion": torch.bincount(y * k + pred, minlength=k * k).view(k, k),
+                "top5": (top5 == y[:, None]).any(1).sum()}
+
+    def summarize(s):
+        cm = s["confusion"]
+        total = cm.sum()
+        return {"top1": round(float(cm.diag().sum() / total), 4), "top5": round(float(s["top5"] / total), 4),
+                "confusion": cm.tolist()}
+
+    train_tf = train_transform(size, small=small, augment=a["augment"], mean=mean, std=std)
+    eval_tf = tensor_eval_transform(size, small=small, mean=mean, std=std)
+    return Task(
+        name="effnetv2_cls", model=model,
+        train_data=ArrayImages(x_train, y_train, train_tf) if not cfg.eval_only else None,
+        eval_data=ArrayImages(x_test, y_test, eval_tf) if x_test is not None else None,
+        loss=loss, eval_step=eval_step, summarize=summarize, eval_batch_size=256,
+        meta={"labels": names, "dataset": str(cfg.data),
+              "preprocessing": {"resize": size, "crop": size, "mean": mean, "std": std, "interpolation": "bilinear"}},
+    )
+
+
+def _mixup(num_classes: int, mixup: float, cutmix: float):
+    from torchvision.transforms import v2 as T
+    chosen = ([T.MixUp(alpha=mixup, num_classes=num_classes)] if mixup > 0 else []) + \
+             ([T.CutMix(alpha=cutmix, num_classes=num_classes)] if cutmix > 0 else [])
+    return T.RandomChoice(chosen) if chosen else None
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_train_args(parser, lr=3e-3, weight_decay=0.05, warmup=200, batch_size=128, out="runs/effnetv2_cls")
+    g = parser.add_argument_group("effnetv2_cls")
+    g.add_argument("--variant", default="b0", choices=["b0", "b1", "b2", "b3", "s", "m", "l"])
+    g.add_argument("--stem-stride", type=int, default=None, help="1 keeps resolution for small images (default "
+                   "for images <= 64 px)")
+    g.add_argument("--image-size", type=int, default=None, help="train/eval size (default: the data's)")
+    g.add_argument("--augment", default="trivial", choices=["trivial", "randaugment", "none"])
+    g.add_argument("--label-smoothing", type=float, default=0.1)
+    g.add_argument("--mixup", type=float, default=0.0, help="MixUp alpha (0 = off)")
+    g.add_argument("--cutmix", type=float, default=0.0, help="CutMix alpha (0 = off)")
+    g.add_argument("--drop-path", type=float, default=0.1)
+    g.add_argument("--freeze-backbone", action="store_true", help="linear probe: train only the head")
+    g.add_argument("--channels-last", action="store_true")
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args)
+    if cfg.extra["stem_stride"] is None:
+        cfg.extra["stem_stride"] = 1 if (cfg.extra["image_size"] or 32) <= 64 else 2
+    return run(cfg, build_task)
+
+
+if __name__ == "__main__":
+    sys.exit(main_guard(main))
