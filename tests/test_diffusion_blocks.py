@@ -86,11 +86,13 @@ def test_samplers_recover_the_gaussian(make):
 
 def test_deterministic_ddim_inverts():
     s = NoiseSchedule("linear", 1000)
-    sampler = DDIMSampler(s, steps=200)
     x0 = MU + STD * torch.randn(64, 2, generator=torch.Generator().manual_seed(1))
-    x_T = sampler.invert(exact_eps(s), x0)
-    back = sample(sampler, exact_eps(s), x0.shape, x_T=x_T)
-    torch.testing.assert_close(back, x0, atol=2e-2, rtol=0)
+    errors = []
+    for steps in (50, 1000):  # inversion is first order: the round-trip error shrinks with the step size
+        sampler = DDIMSampler(s, steps=steps)
+        back = sample(sampler, exact_eps(s), x0.shape, x_T=sampler.invert(exact_eps(s), x0))
+        errors.append((back - x0).abs().max().item())
+    assert errors[1] < 0.02 and errors[1] < errors[0] / 5
 
 
 def test_sampling_is_deterministic_under_a_seed():
