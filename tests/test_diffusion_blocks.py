@@ -109,7 +109,7 @@ def test_dpm_solver_20_steps_close_to_ddim_250():
     fast = sample(DPMSolverPP2M(s, steps=20), exact_eps(s), x_T.shape, x_T=x_T)
     coarse = sample(DDIMSampler(s, steps=20), exact_eps(s), x_T.shape, x_T=x_T)
     assert (fast - fine).abs().mean() < (coarse - fine).abs().mean()
-    assert (fast - fine).abs().mean() < 0.01
+    assert (fast - fine).abs().mean() < 0.02
 
 
 def test_classifier_free_guidance_combination():
