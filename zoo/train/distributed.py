@@ -80,7 +80,7 @@ def pick_device(spec: str, local_rank: int = 0) -> torch.device:
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(spec)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"--device {spec} asked for CUDA, but no CUDA device is available; use --device cpu")
+        raise ValueError(f"--device {spec} asked for CUDA, but no CUDA device is available; use --device cpu")
     if device.type == "cuda" and device.index is None:
         device = torch.device(f"cuda:{local_rank}")
     return device
@@ -90,10 +90,10 @@ def init_distributed(mode: str, device_spec: str = "auto") -> DistContext:
     """Join the torchrun job for --dist ddp|fsdp; a clear error when not launched by torchrun."""
     if mode == "none":
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise RuntimeError("launched with several processes but --dist none: pass --dist ddp or --dist fsdp")
+            raise ValueError("launched with several processes but --dist none: pass --dist ddp or --dist fsdp")
         return DistContext("none", pick_device(device_spec))
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise RuntimeError(f"--dist {mode} needs torchrun to start the processes, e.g. "
+        raise ValueError(f"--dist {mode} needs torchrun to start the processes, e.g. "
                            f"`torchrun --nproc_per_node=2 train_scripts/<family>.py --dist {mode} ...`")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -59,6 +59,9 @@ class Task:
     # e.g. save a sample grid: (model, metrics, out, is_main); runs on every rank because a sharded (FSDP)
     # model needs all of them for a forward pass; only the main rank should write.
     after_eval: Callable[[nn.Module, dict, Path, bool], None] | None = None
+    # expensive metrics measured once on the final weights (and by --eval-only), e.g. sample quality;
+    # runs on every rank with the EMA weights in place, returns metrics merged into the saved ones
+    final_eval: Callable[[nn.Module], dict[str, Any]] | None = None
 
 
 def seed_everything(seed: int) -> None:
@@ -384,6 +387,14 @@ class Trainer:
             return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
                                                                              cpu_offload=True))
 
+    def final_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        if self.task.final_eval is None:
+            return metrics
+        self.model.eval()
+        with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
+            extra = self.task.final_eval(self.plain)
+        return {**metrics, **extra}
+
     def save_final(self, final_metrics: dict[str, Any]) -> Path | None:
         import zoo
         state_dict = self.final_state_dict()
@@ -445,7 +456,9 @@ def command_line() -> str:
     return launcher + " ".join(shlex.quote(a) for a in sys.argv)
 
 
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, RuntimeError, TypeError)
+# Mistakes a user can fix. RuntimeError is left out on purpose: torch raises it for internal failures,
+# whose traceback the user (or we) need.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
 
 
 def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str, Any]:
@@ -466,7 +479,7 @@ def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str
             elif ctx.is_main:
                 log.info("no checkpoint in %s yet; starting fresh", cfg.out)
         if cfg.eval_only:
-            metrics = trainer.evaluate()
+            metrics = trainer.final_metrics(trainer.evaluate())
             if ctx.is_main:
                 print(json.dumps({"eval": metrics}, default=str))
             return metrics
@@ -479,7 +492,7 @@ def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str
             return {}
         if trainer.train_loader is None:
             raise ValueError("no training data: pass --data")
-        metrics = trainer.fit()
+        metrics = trainer.final_metrics(trainer.fit())
         trainer.save_final(metrics)
         if ctx.is_main and metrics:
             print(json.dumps({"final": metrics}, default=str))
