@@ -387,6 +387,17 @@ class Trainer:
             return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
                                                                              cpu_offload=True))
 
+    @torch.no_grad()
+    def round_weights(self) -> None:
+        """Round the (EMA) weights to --save-dtype in place, so final metrics describe the saved file."""
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[self.cfg.save_dtype]
+        tensors = self.ema.shadow if self.ema is not None else [p for p in self.plain.parameters()]
+        for t in tensors:
+            t.copy_(t.to(dtype).to(t.dtype))
+        for b in self.plain.buffers():
+            if b.is_floating_point():
+                b.copy_(b.to(dtype).to(b.dtype))
+
     def final_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
         if self.task.final_eval is None:
             return metrics
@@ -492,7 +503,12 @@ def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str
             return {}
         if trainer.train_loader is None:
             raise ValueError("no training data: pass --data")
-        metrics = trainer.final_metrics(trainer.fit())
+        metrics = trainer.fit()
+        if cfg.save_dtype != "fp32":
+            # measure what is shipped: round the weights to the storage precision, then evaluate again
+            trainer.round_weights()
+            metrics = trainer.evaluate() if trainer.task.eval_data is not None else metrics
+        metrics = trainer.final_metrics(metrics)
         trainer.save_final(metrics)
         if ctx.is_main and metrics:
             print(json.dumps({"final": metrics}, default=str))
