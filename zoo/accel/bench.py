@@ -117,25 +117,28 @@ def bench_rows(model: nn.Module, inputs: tuple, variants: list[Variant], *, labe
     return rows
 
 
-def train_step_peak_mb(name: str, batch: int, checkpointing: str = "none", amp: str = "off") -> float:
-    """Peak RSS growth of one training step, in a fresh process (see BASELINES.md for the method)."""
+def train_step_peak_mb(name: str, batch: int, checkpointing: str = "none", amp: str = "off", *,
+                       config: dict | None = None, example: dict | None = None) -> dict:
+    """Peak RSS growth (MiB) and time (s) of one training step, in a fresh process (method: BASELINES.md)."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
     code = (f"from zoo.accel.bench import _train_step_child; _train_step_child({name!r}, {batch}, "
-            f"{checkpointing!r}, {amp!r})")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+            f"{checkpointing!r}, {amp!r}, {config or {}!r}, {example or {}!r})")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
-        raise RuntimeError(f"training-step memory probe failed: {result.stderr.strip().splitlines()[-1:]}")
-    return float(result.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"training-step probe failed: {result.stderr.strip().splitlines()[-1:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _train_step_child(name: str, batch: int, checkpointing: str, amp: str) -> None:
+def _train_step_child(name: str, batch: int, checkpointing: str, amp: str, config: dict, example: dict) -> None:
+    import gc
+
     import zoo
     from zoo.accel.amp import autocast
     from zoo.accel.checkpointing import checkpointing as apply_checkpointing
-    model = zoo.load(name).train()
+    model = zoo.load(name, **config).train()
     if checkpointing != "none":
         apply_checkpointing(model, checkpointing)
-    inputs = model.example_inputs(batch)
+    inputs = model.example_inputs(batch, **example)
 
     def step():
         with autocast("cpu", "bf16" if amp == "bf16" else "fp32"):
@@ -144,7 +147,6 @@ def _train_step_child(name: str, batch: int, checkpointing: str, amp: str) -> No
         model.zero_grad(set_to_none=True)
 
     step()  # warm-up: allocator pools, lazy init
-    import gc
     gc.collect()
     base = _current_rss_kb()
     try:
@@ -152,8 +154,11 @@ def _train_step_child(name: str, batch: int, checkpointing: str, amp: str) -> No
             f.write("5")  # reset the kernel's peak-RSS counter, so ru_maxrss is this step's peak
     except OSError:
         pass  # then the peak may include the warm-up step, which is about the same size
+    t0 = time.perf_counter()
     step()
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+    seconds = time.perf_counter() - t0
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    print(json.dumps({"peak_mb": round(peak, 1), "step_s": round(seconds, 3)}))
 
 
 def _current_rss_kb() -> int:
@@ -216,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_memory:
         for amp in ("off", "bf16"):
             try:
-                memory[f"train step peak MB ({amp})"] = round(train_step_peak_mb(args.name, batch, amp=amp), 1)
+                memory[f"train step peak MB ({amp})"] = train_step_peak_mb(args.name, batch, amp=amp)["peak_mb"]
             except Exception as e:
                 memory[f"train step peak MB ({amp})"] = f"n/a ({e})"
         print("; ".join(f"{k}: {v}" for k, v in memory.items()))
