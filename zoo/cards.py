@@ -78,7 +78,7 @@ def render_card(name: str, metas: dict[str, WeightsMeta], level: int = 2) -> str
         for key, value in sorted(m.metrics.items()):
             lines.append(f"- {key}: {_fmt_metric(value)}")
         if m.command:
-            lines += ["", "Training command:", "", "```", m.command, "```"]
+            lines += ["", "Training command:", "", "```", m.command, "```", "", "Run details:", ""]
         for key, value in sorted(m.extra.items()):
             if key == "bench":
                 lines += ["", "Benchmark:", "", "```", str(value).rstrip(), "```"]

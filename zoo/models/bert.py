@@ -121,7 +121,7 @@ class BertEncoder(nn.Module):
         return x, torch.tanh(self.pooler(x[:, 0]))
 
 
-@register_model("bert_cls", config=BertConfig, weights={"sst2": "bert_cls.sst2.safetensors"}, default=None,
+@register_model("bert_cls", config=BertConfig, weights={"sst2": "bert_cls.sst2.safetensors"}, default="sst2",
                 description="BERT-family text classifier (loads Hugging Face BERT checkpoints)")
 class BertClassifier(nn.Module):
     """BERT encoder + pooling + classification head."""
