@@ -175,3 +175,28 @@ def test_fine_tuning_script_on_tiny_tsv(tmp_path):
     bad = subprocess.run([sys.executable, script, *args, "--text-column", "text"], capture_output=True, text=True,
                          env=env, timeout=600)
     assert bad.returncode == 2 and "no column 'text'" in bad.stderr
+
+
+SST2_DEV = ROOT.parent / "shared" / "data" / "sst2" / "dev.tsv"
+
+
+def test_shipped_sst2_weights_predict_offline():
+    model = zoo.load("bert_cls", pretrained=True)
+    meta = model.pretrained_meta
+    assert meta.metrics["accuracy"] >= 0.88 and meta.labels == ["negative", "positive"]
+    assert "train_scripts/bert_cls.py" in meta.command
+    results = model.predict(["a gripping , beautifully acted film", "a waste of two hours"])
+    assert [r["label"] for r in results] == ["positive", "negative"]
+
+
+@pytest.mark.skipif(not SST2_DEV.is_file(), reason="../shared/data/sst2 is not beside this checkout")
+def test_shipped_sst2_accuracy_is_reproduced_by_eval_only():
+    script = str(ROOT / "train_scripts" / "bert_cls.py")
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    model = zoo.load("bert_cls", pretrained=True)
+    amp = model.pretrained_meta.extra.get("eval_amp", "bf16")  # the shipped run evaluated under bf16
+    result = subprocess.run([sys.executable, script, "--eval-only", "--pretrained", "default", "--eval", str(SST2_DEV),
+                             "--amp", amp], capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    evaluated = json.loads(result.stdout.strip().splitlines()[-1])["eval"]
+    assert evaluated["accuracy"] == model.pretrained_meta.metrics["accuracy"]
