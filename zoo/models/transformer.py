@@ -59,7 +59,8 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-@register_model("transformer_lm", config=LMConfig, description="Decoder-only Transformer LM (RoPE, SwiGLU, "
+@register_model("transformer_lm", config=LMConfig, weights={"tinyshakespeare": "transformer_lm.tinyshakespeare.safetensors"},
+                default="tinyshakespeare", description="Decoder-only Transformer LM (RoPE, SwiGLU, "
                 "RMSNorm, GQA, sliding-window) with KV-cached generation")
 class TransformerLM(nn.Module):
     """Decoder-only Transformer language model."""

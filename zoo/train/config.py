@@ -37,6 +37,7 @@ class TrainConfig:
     log_every: int = 10
     device: str = "auto"
     save_dtype: str = "fp32"  # dtype of the final weights file: fp32 | fp16 | bf16
+    note: str = ""  # free text stored with the final weights (e.g. why a run was stopped early)
     extra: dict[str, Any] = field(default_factory=dict)  # the script's own flags, recorded with the run
 
     def __post_init__(self):
@@ -91,6 +92,7 @@ def add_train_args(parser: argparse.ArgumentParser, **defaults: Any) -> argparse
     g.add_argument("--log-every", type=int, default=d["log_every"], metavar="STEPS")
     g.add_argument("--device", default=d["device"], help="auto | cpu | cuda | cuda:N")
     g.add_argument("--save-dtype", choices=["fp32", "fp16", "bf16"], default=d["save_dtype"])
+    g.add_argument("--note", default=d["note"], help="free text stored in the final weights' metadata")
     return parser
 
 

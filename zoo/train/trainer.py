@@ -416,6 +416,8 @@ class Trainer:
         meta["command"] = command_line()
         meta["metrics"] = {k: v for k, v in final_metrics.items() if isinstance(v, (int, float, str))}
         extra = dict(meta.get("extra", {}))
+        if self.cfg.note:
+            extra["note"] = self.cfg.note
         extra.update(train_steps=self.step, world_size=self.ctx.world_size, eval_amp=self.cfg.amp,
                      train_time_s=round(getattr(self, "train_time", 0.0), 1), torch=torch.__version__,
                      skipped_steps=self.skipped_steps)
