@@ -54,7 +54,7 @@ def model_info(name: str) -> dict[str, Any]:
 
 
 def _fmt_metric(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def render_card(name: str, metas: dict[str, WeightsMeta], level: int = 2) -> str:
