@@ -270,3 +270,7 @@ def test_bf16_autocast_trains_on_cpu(tmp_path):
     final = trainer.fit()["mse"]
     assert final < first / 2
     assert (tmp_path / "metrics.jsonl").is_file()
+    # the final state dict holds the EMA weights, not the training weights
+    state = trainer.final_state_dict()
+    for name, shadow, param in zip(trainer.ema.names, trainer.ema.shadow, trainer.plain.parameters()):
+        assert torch.equal(state[name], shadow) and not torch.equal(state[name], param.detach())

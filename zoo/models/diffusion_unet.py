@@ -94,8 +94,8 @@ class Level(nn.Module):
         return x
 
 
-@register_model("diffusion_unet", config=DiffusionConfig,
-                description="Class-conditional diffusion UNet with DDPM/DDIM/DPM-Solver++ sampling and guidance")
+@register_model("diffusion_unet", config=DiffusionConfig, weights={"digits": "diffusion_unet.digits.safetensors"},
+                default="digits", description="Class-conditional diffusion UNet with DDPM/DDIM/DPM-Solver++ sampling and guidance")
 class DiffusionUNet(nn.Module):
     """UNet denoiser + noise schedule + samplers."""
     head_prefixes = ("class_embed.",)  # a new num_classes re-initialises the class embedding

@@ -384,8 +384,10 @@ class Trainer:
         """Full (gathered) state dict on CPU, with EMA weights when EMA is on; collective under FSDP."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
-            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
-                                                                             cpu_offload=True))
+            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            # copy inside the swap: on CPU the "offloaded" tensors are the parameters themselves, which
+            # hold the training weights again once the EMA is swapped back out
+            return {k: v.detach().clone() for k, v in state.items()}
 
     @torch.no_grad()
     def round_weights(self) -> None:
