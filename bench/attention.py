@@ -2,6 +2,7 @@
 
     python bench/attention.py            # full table (a few minutes on 2 cores)
     python bench/attention.py --quick    # smaller sizes
+    python bench/attention.py --compile  # also compiled training rows (slow to compile)
 
 1. Time and peak memory at N = 1k/4k/16k (B=1, 8 heads, head dim 64, fp32): naive materialised softmax,
    raw scaled_dot_product_attention, and zoo's `attention` (masks handled, projections excluded).
@@ -100,12 +101,12 @@ def window_table(sizes, window=256):
         print(f"  N={n:<6} window: {fmt(local)}   full: {fmt(full)}")
 
 
-def training_table(quick):
+def training_table(with_compile):
     import zoo
     import zoo.accel as accel
     print("\n3. transformer_lm training step (default config, batch 8 x 256), tokens/s")
     rows = [("eager fp32", False, "fp32"), ("bf16 autocast", False, "bf16")]
-    if not quick:
+    if with_compile:  # compiling forward+backward takes 1-2 minutes per mode on this CPU
         rows += [("compile", True, "fp32"), ("compile+bf16", True, "bf16")]
     base = None
     for name, compiled, amp in rows:
@@ -144,12 +145,13 @@ def generation_table(context=1024, new=32):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--compile", action="store_true", help="add compiled rows to the training table")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     attention_table([1024, 4096] if args.quick else [1024, 4096, 16384])
     window_table([4096, 16384] if args.quick else [4096, 16384, 65536])
-    training_table(args.quick)
+    training_table(args.compile)
     generation_table(context=256 if args.quick else 1024)
 
 

@@ -88,10 +88,17 @@ def render_card(name: str, metas: dict[str, WeightsMeta], level: int = 2) -> str
     return "\n".join(lines).rstrip() + "\n"
 
 
+BENCH_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
+
+
 def render_model_cards() -> str:
     parts = [HEADER]
     for name in list_models():
-        parts.append(render_card(name, shipped_meta(get_entry(name))))
+        card = render_card(name, shipped_meta(get_entry(name)))
+        # measured tables saved by the bench scripts (bench/results/NAME*.txt), quoted as they were printed
+        for table in sorted(BENCH_DIR.glob(f"{name}*.txt")) if BENCH_DIR.is_dir() else []:
+            card += f"\n### benchmark: {table.stem}\n\n```\n{table.read_text().rstrip()}\n```\n"
+        parts.append(card)
     return "\n".join(parts)
 
 
