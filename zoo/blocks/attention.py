@@ -38,6 +38,8 @@ def sdpa_backend(backend: Backend = "auto"):
 
 def _allowed(q_pos: Tensor, k_pos: Tensor, causal: bool, window: int | None) -> Tensor | None:
     """(Tq, Tk) boolean mask of positions a query may see; None when everything is allowed."""
+    if not causal and window is None:
+        return None  # no (Tq, Tk) tensor at all: at 4k tokens it cost 128 MiB and 50% of the time (bench)
     allowed = None
     diff = q_pos[:, None] - k_pos[None, :]  # how far back each key is
     if causal:
