@@ -74,14 +74,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padd
             and key_padding_mask is None and attn_mask is None):
         return _local_attention(q, k, v, window=window, causal=causal, dropout_p=dropout_p, scale=scale)
 
+    if key_padding_mask is not None and key_padding_mask.shape != (B, Tk):
+        raise ValueError(f"key_padding_mask must be (batch, keys) = {(B, Tk)}, got {tuple(key_padding_mask.shape)}")
+    if key_padding_mask is not None and not torch.compiler.is_compiling() and bool(key_padding_mask.all()):
+        # nothing is padded: without a mask SDPA keeps its fastest kernel (as transformers does)
+        key_padding_mask = None
     plain_causal = causal and window is None and Tq == Tk and q_start == 0
     mask = None
     if not plain_causal:
         q_pos = torch.arange(q_start, q_start + Tq, device=q.device)
         mask = _allowed(q_pos, torch.arange(Tk, device=q.device), causal, window)  # (Tq, Tk) or None
     if key_padding_mask is not None:
-        if key_padding_mask.shape != (B, Tk):
-            raise ValueError(f"key_padding_mask must be (batch, keys) = {(B, Tk)}, got {tuple(key_padding_mask.shape)}")
         pad = key_padding_mask.bool()[:, None, None, :]  # (B, 1, 1, Tk)
         mask = pad if mask is None else mask & pad
         if plain_causal:
