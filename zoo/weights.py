@@ -313,6 +313,14 @@ def load_state_dict_into(model: torch.nn.Module, state_dict: dict[str, torch.Ten
     model.load_state_dict({k: v for k, v in state_dict.items() if k not in skipped}, strict=False)
 
 
+def class_labels(model: torch.nn.Module) -> list[str]:
+    """Label names from the loaded weights' metadata, else "0".."num_classes-1"."""
+    meta = getattr(model, "pretrained_meta", None)
+    if meta is not None and meta.labels:
+        return list(meta.labels)
+    return [str(i) for i in range(model.config.num_classes)]
+
+
 def _key_list(keys: list[str], limit: int = 12) -> str:
     shown = ", ".join(keys[:limit])
     return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")

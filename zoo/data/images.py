@@ -74,7 +74,6 @@ def load_image_split(path: str | Path, split: str):
         names = names or [str(i) for i in range(int(y.max()) + 1)]
         return x, y, names
     if path.is_dir():
-        import numpy as np
         from torchvision.datasets import ImageFolder
         root = path / split if (path / split).is_dir() else path
         folder = ImageFolder(str(root), loader=open_image)

@@ -235,10 +235,8 @@ class BertClassifier(nn.Module):
 
     @property
     def labels(self) -> list[str]:
-        meta = getattr(self, "pretrained_meta", None)
-        if meta is not None and meta.labels:
-            return list(meta.labels)
-        return [str(i) for i in range(self.config.num_classes)]
+        from zoo.weights import class_labels
+        return class_labels(self)
 
     def encode(self, texts: list[str], *, max_length: int | None = None, truncation: bool = True) -> dict[str, Tensor]:
         if isinstance(texts, str):

@@ -270,8 +270,8 @@ class EfficientNetV2(nn.Module):
 
     @property
     def labels(self) -> list[str]:
-        meta = getattr(self, "pretrained_meta", None)
-        return list(meta.labels) if meta is not None and meta.labels else [str(i) for i in range(self.config.num_classes)]
+        from zoo.weights import class_labels
+        return class_labels(self)
 
     @torch.no_grad()
     def predict(self, images, top_k: int = 5) -> list[list[tuple[str, float]]]:
