@@ -157,6 +157,19 @@ def test_multi_label_and_mean_pooling(tmp_path):
         zoo.load("bert_cls", variant="gpt2")
 
 
+def test_onnx_export_and_compile_with_padding_trace_without_breaks(tmp_path):
+    pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    model = zoo.load("bert_cls", variant="minilm-l6", layers=2, hidden=48, heads=4, intermediate=96,
+                     vocab_size=120, max_positions=40, num_classes=3).eval()
+    ids, mask, _ = batch(lengths=(9, 5, 1))
+    assert zoo.accel.explain(model, ids, mask).graph_break_count == 0  # padding handled without data branches
+    path = zoo.accel.export_onnx(model, (ids, mask), tmp_path / "bert.onnx", dynamic_dims={0: (1,), 1: (1,)})
+    # another batch size and sequence length than the export example, with padding
+    ids2, mask2, _ = batch(lengths=(17, 3, 12, 6, 1))
+    assert zoo.accel.check_onnx(path, model, (ids2, mask2)) < 1e-4
+
+
 def test_fine_tuning_script_on_tiny_tsv(tmp_path):
     rows = ["sentence\tlabel"] + [f"{w} film \t{l}" for w, l in [("great", 1), ("awful", 0), ("lovely", 1),
                                                                   ("boring", 0)] * 8]

@@ -6,7 +6,8 @@
     python train_scripts/effnetv2_cls.py --eval-only --pretrained default --data ../shared/data/cifar10/cifar10_small.npz
 
 The .npz holds x_train/y_train and x_test/y_test (evaluated each epoch); an ImageFolder has train/
-and test/ sub-folders or one folder of classes (then only trained on).
+and test/ sub-folders or one folder of classes (then only trained on). --eval-data takes the held-out
+set from another file, e.g. train on cifar10_train50k.npz and test on cifar10_small.npz.
 """
 from __future__ import annotations
 
@@ -29,10 +30,13 @@ def build_task(cfg) -> Task:
     if cfg.data is None:
         raise ValueError("--data is required: an ImageFolder directory or an .npz with x_train/y_train")
     x_train, y_train, names = load_image_split(cfg.data, "train")
-    try:
-        x_test, y_test, _ = load_image_split(cfg.data, "test")
-    except (ValueError, FileNotFoundError):
-        x_test = y_test = None
+    if a["eval_data"]:  # e.g. train on cifar10_train50k.npz, test on cifar10_small.npz's x_test
+        x_test, y_test, _ = load_image_split(a["eval_data"], "test")
+    else:
+        try:
+            x_test, y_test, _ = load_image_split(cfg.data, "test")
+        except (ValueError, FileNotFoundError):
+            x_test = y_test = None
     size = a["image_size"] or x_train.shape[1]
     small = size <= 64
     mean, std = (CIFAR_MEAN, CIFAR_STD) if small else (IMAGENET_MEAN, IMAGENET_STD)
@@ -107,6 +111,8 @@ def main(argv=None):
     g.add_argument("--variant", default="b0", choices=["b0", "b1", "b2", "b3", "s", "m", "l"])
     g.add_argument("--stem-stride", type=int, default=None, help="1 keeps resolution for small images (default "
                    "for images <= 64 px)")
+    g.add_argument("--eval-data", default=None, help="held-out set (.npz x_test/y_test or ImageFolder test/) "
+                   "when --data has none")
     g.add_argument("--image-size", type=int, default=None, help="train/eval size (default: the data's)")
     g.add_argument("--augment", default="trivial", choices=["trivial", "randaugment", "none"])
     g.add_argument("--label-smoothing", type=float, default=0.1)
