@@ -150,4 +150,18 @@ def test_training_script_npz_eval_only_and_linear_probe(tmp_path):
     assert probe.returncode == 0, probe.stderr[-2000:]
     probed = zoo.load("effnetv2_cls", pretrained=tmp_path / "probe" / "model.safetensors")
     assert torch.equal(probed.stem.conv.weight, saved.stem.conv.weight), "frozen backbone unchanged"
+    assert torch.equal(probed.stem.bn.running_mean, saved.stem.bn.running_mean), "BN statistics frozen too"
     assert not torch.equal(probed.head.weight, saved.head.weight)
+
+
+def test_freeze_backbone_trains_only_the_head_and_keeps_bn_statistics():
+    model = zoo.load("effnetv2_cls", variant="b0", num_classes=4, stem_stride=1)
+    model.freeze_backbone()
+    model.train()
+    before = model.stem.bn.running_mean.clone()
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert torch.equal(model.stem.bn.running_mean, before)
+    assert model.head.weight.grad is not None and model.stem.conv.weight.grad is None
+    model.freeze_backbone(False)
+    model.train()
+    assert model.stem.bn.training and model.stem.conv.weight.requires_grad

@@ -55,9 +55,8 @@ def build_task(cfg) -> Task:
     if model.config.num_classes != len(names):
         raise ValueError(f"the data has {len(names)} classes but the model {model.config.num_classes}; "
                          "pass --num-classes to re-initialise the head")
-    if a["freeze_backbone"]:  # linear probe: only the classifier learns
-        for name, p in model.named_parameters():
-            p.requires_grad = name.startswith("head.")
+    if a["freeze_backbone"]:  # linear probe: only the classifier learns, BN statistics stay as loaded
+        model.freeze_backbone()
     if a["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
 

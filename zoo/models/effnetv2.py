@@ -243,6 +243,22 @@ class EfficientNetV2(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
 
+    def freeze_backbone(self, freeze: bool = True) -> None:
+        """Linear probing: only `head` learns; the backbone's BatchNorm layers stay in eval mode (their
+        running statistics are part of the frozen features) even when the model is put in train mode."""
+        self._backbone_frozen = freeze
+        for name, p in self.named_parameters():
+            p.requires_grad = not freeze or name.startswith("head.")
+        self.train(self.training)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if mode and getattr(self, "_backbone_frozen", False):
+            for m in self.modules():
+                if isinstance(m, nn.BatchNorm2d):
+                    m.eval()
+        return self
+
     def reset_head(self, num_classes: int) -> None:
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         if num_classes > 0:
