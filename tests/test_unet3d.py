@@ -99,6 +99,14 @@ def test_synthetic_volumes_are_deterministic(tmp_path):
     assert len(SyntheticVolumes(5, shape=(16, 16, 16))) == 5
 
 
+def test_synthetic_classes_are_identifiable_by_intensity_across_volumes():
+    # the class of a voxel must be learnable: class c is brighter than class c-1 in every volume
+    for seed in range(4):
+        image, label = synthetic_volume(seed, (32, 32, 32))
+        means = [image[0][label == c].mean() for c in range(3) if (label == c).any()]
+        assert all(a < b for a, b in zip(means, means[1:]))
+
+
 def test_volume_folder(tmp_path):
     image, label = synthetic_volume(0, (16, 16, 16))
     np.save(tmp_path / "case1.npy", image[0].numpy())

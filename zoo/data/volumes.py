@@ -14,7 +14,7 @@ __all__ = ["synthetic_volume", "SyntheticVolumes", "VolumeFolder"]
 def synthetic_volume(seed: int, shape: Sequence[int] = (64, 64, 64), num_classes: int = 3,
                      objects: int = 6) -> tuple[Tensor, Tensor]:
     """(image (1, D, H, W) float32, label (D, H, W) int64): random ellipsoids of classes 1..num_classes-1 on
-    background 0, each class with its own mean intensity, plus a smooth bias field and noise. The seed fixes all."""
+    background 0, each class with its own mean intensity (jittered per volume), plus a smooth bias field and noise. The seed fixes all."""
     g = torch.Generator().manual_seed(seed)
     D, H, W = shape
     grid = torch.stack(torch.meshgrid(*(torch.linspace(-1, 1, n) for n in shape), indexing="ij"), dim=-1)
@@ -27,7 +27,9 @@ def synthetic_volume(seed: int, shape: Sequence[int] = (64, 64, 64), num_classes
         q, _ = torch.linalg.qr(torch.randn(3, 3, generator=g))
         local = (grid - centre) @ q
         label[((local / radii) ** 2).sum(-1) <= 1] = cls
-    means = torch.linspace(-1.0, 1.0, num_classes)[torch.randperm(num_classes, generator=g)]
+    # each class keeps its own intensity (as tissues do in CT), shifted a little per volume; a random
+    # permutation per volume would leave nothing that tells class 1 from class 2
+    means = torch.linspace(-1.0, 1.0, num_classes) + 0.1 * torch.randn(num_classes, generator=g)
     image = means[label]
     coarse = torch.randn(1, 1, 4, 4, 4, generator=g) * 0.3  # smooth intensity field
     image = image + F.interpolate(coarse, size=shape, mode="trilinear", align_corners=True)[0, 0]
