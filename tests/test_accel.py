@@ -200,3 +200,19 @@ def test_optimize_never_slower_than_eager_and_within_tolerance():
     assert "chosen:" in report and "eager fp32" in report
     with torch.no_grad():
         assert _rel_err(best(x).float(), model(x)) <= 0.05
+
+
+def test_bench_harness_prints_side_by_side_rows_with_config_and_size(capsys):
+    from zoo.accel.bench import main as bench_main
+    argv = ["effnetv2_cls", "--config", "variant=b0", "num_classes=10", "--size", "32", "--batch", "2",
+            "--no-compile", "--no-int8", "--no-memory", "--reps", "1"]
+    assert bench_main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("effnetv2_cls: 5.87M params") and "(2, 3, 32, 32)" in out  # b0, 10-class head
+    rows = [line for line in out.splitlines() if line.startswith("zoo ")]
+    assert [r.split()[1] for r in rows] == ["eager", "channels_last", "bf16"]
+    assert rows[0].split()[-3] == "1.00x"
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        bench_main(["effnetv2_cls", "--config", "variant"])
+    with pytest.raises(ValueError, match="unknown config key|valid keys"):
+        bench_main(["effnetv2_cls", "--config", "colour=red"])

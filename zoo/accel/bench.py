@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import json
 import os
 import resource
@@ -190,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="zoo bench", description="Benchmark a registry model side by side.")
     parser.add_argument("name")
     parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--size", type=int, default=None, help="input side (image models), e.g. 32")
+    parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="model config overrides, e.g. stem_stride=1 variant=b0")
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled rows (each compiles 20-60 s)")
     parser.add_argument("--no-int8", action="store_true")
     parser.add_argument("--no-peer", action="store_true")
@@ -197,11 +201,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
-    model = zoo.load(args.name)
+    overrides = {}
+    for item in args.config:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--config takes KEY=VALUE pairs, got {item!r}")
+        overrides[key] = int(value) if value.lstrip("-").isdigit() else value
+    model = zoo.load(args.name, **overrides)
     if not hasattr(model, "example_inputs"):
         raise ValueError(f"{args.name} does not define example_inputs(); it cannot be benchmarked yet")
     batch = args.batch or getattr(model, "bench_batch", 8)
-    inputs = model.example_inputs(batch)
+    if args.size is not None and "size" not in inspect.signature(model.example_inputs).parameters:
+        raise ValueError(f"{args.name}'s example inputs have no size to set; leave out --size")
+    example = {"size": args.size} if args.size is not None else {}
+    inputs = model.example_inputs(batch, **example)
     torch.manual_seed(0)
     peaks = {"fp32": matmul_peak_gflops(torch.float32), "bf16": matmul_peak_gflops(torch.bfloat16)}
     flops = count_flops(model, inputs)
@@ -214,16 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_peer and hasattr(model, "peer_model"):
         peer = model.peer_model()
         if peer is not None:
-            label, peer_model, peer_inputs = peer
+            label, peer_model = peer  # a peer takes the zoo model's inputs
             baseline = rows[0].get("ms", 0) / 1e3 or None
-            rows += bench_rows(peer_model, peer_inputs, [v for v in variants_for(peer_model, compile=False, int8=False)],
+            rows += bench_rows(peer_model, inputs, [v for v in variants_for(peer_model, compile=False, int8=False)],
                                label=label, reps=args.reps, baseline_s=baseline)
     print(format_table(rows, flops, peaks))
     memory = {}
     if not args.no_memory:
         for amp in ("off", "bf16"):
             try:
-                memory[f"train step peak MB ({amp})"] = train_step_peak_mb(args.name, batch, amp=amp)["peak_mb"]
+                memory[f"train step peak MB ({amp})"] = train_step_peak_mb(
+                    args.name, batch, amp=amp, config=overrides, example=example)["peak_mb"]
             except Exception as e:
                 memory[f"train step peak MB ({amp})"] = f"n/a ({e})"
         print("; ".join(f"{k}: {v}" for k, v in memory.items()))

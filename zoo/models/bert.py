@@ -313,7 +313,7 @@ class BertClassifier(nn.Module):
             intermediate_size=c.intermediate, max_position_embeddings=c.max_positions,
             type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps, num_labels=c.num_classes)).eval()
         hf.load_state_dict(to_hf_state_dict(self), strict=False)
-        return "transformers", hf, self.example_inputs()
+        return "transformers", hf  # it takes the same (input_ids, attention_mask) inputs
 
 
 def layerwise_param_groups(model: BertClassifier, lr: float, weight_decay: float, decay: float) -> list[dict]:

@@ -321,7 +321,7 @@ class EfficientNetV2(nn.Module):
         import torchvision
         tv = getattr(torchvision.models, f"efficientnet_v2_{self.config.variant}")(num_classes=self.config.num_classes)
         tv.load_state_dict(to_torchvision(self))
-        return "torchvision", tv.eval(), self.example_inputs()
+        return "torchvision", tv.eval()
 
 
 # ---------------------------------------------------------------------- torchvision interop

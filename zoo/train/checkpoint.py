@@ -15,6 +15,7 @@ import os
 import random
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,9 @@ def save_checkpoint(out: str | Path, step: int, app_state: dict[str, Any], train
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     ctx.barrier()
-    dcp.save(app_state, checkpoint_id=str(tmp))
+    with warnings.catch_warnings():  # one process without a process group is a supported case, not a problem
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(app_state, checkpoint_id=str(tmp))
     with atomic_path(tmp / f"rng-{ctx.rank}.pt") as p:
         torch.save(rng_state(), p)
     ctx.barrier()
@@ -100,7 +103,9 @@ def load_checkpoint(path: Path, app_state: dict[str, Any], ctx) -> dict[str, Any
     """Fill `app_state` in place from the checkpoint; returns the trainer state and restores this rank's RNG."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(app_state, checkpoint_id=str(path))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(app_state, checkpoint_id=str(path))
     trainer_state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
     rng_file = path / f"rng-{ctx.rank}.pt"
     if rng_file.is_file() and trainer_state.get("world_size") == ctx.world_size:
