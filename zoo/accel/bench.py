@@ -122,8 +122,13 @@ def bench_rows(model: nn.Module, inputs: tuple, variants: list[Variant], *, labe
 
 def train_step_peak_mb(name: str, batch: int, checkpointing: str = "none", amp: str = "off", *,
                        config: dict | None = None, example: dict | None = None) -> dict:
-    """Peak RSS growth (MiB) and time (s) of one training step, in a fresh process (method: BASELINES.md)."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    """Peak RSS growth (MiB) and time (s) of one training step, in a fresh process (method: BASELINES.md).
+
+    `name` is a registry model, or "module:function" for a peer: function(batch, **example) returns
+    (model, inputs), the model with a `training_loss(*inputs)` or an output whose mean is the loss."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     code = (f"from zoo.accel.bench import _train_step_child; _train_step_child({name!r}, {batch}, "
             f"{checkpointing!r}, {amp!r}, {config or {}!r}, {example or {}!r})")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
@@ -138,10 +143,16 @@ def _train_step_child(name: str, batch: int, checkpointing: str, amp: str, confi
     import zoo
     from zoo.accel.amp import autocast
     from zoo.accel.checkpointing import checkpointing as apply_checkpointing
-    model = zoo.load(name, **config).train()
+    if ":" in name:  # a peer library's model, built by a bench script
+        import importlib
+        module, function = name.split(":")
+        model, inputs = getattr(importlib.import_module(module), function)(batch, **example)
+        model.train()
+    else:
+        model = zoo.load(name, **config).train()
+        inputs = model.example_inputs(batch, **example)
     if checkpointing != "none":
         apply_checkpointing(model, checkpointing)
-    inputs = model.example_inputs(batch, **example)
 
     def step():
         with autocast("cpu", "bf16" if amp == "bf16" else "fp32"):
