@@ -165,3 +165,30 @@ def test_freeze_backbone_trains_only_the_head_and_keeps_bn_statistics():
     model.freeze_backbone(False)
     model.train()
     assert model.stem.bn.training and model.stem.conv.weight.requires_grad
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+CIFAR_SMALL = ROOT.parent / "shared" / "data" / "cifar10" / "cifar10_small.npz"
+
+
+def test_shipped_cifar10_weights_load_offline_and_classify():
+    model = zoo.load("effnetv2_cls", pretrained=True)
+    meta = model.pretrained_meta
+    assert meta.metrics["top1"] >= 0.75 and model.labels[:3] == ["airplane", "automobile", "bird"]
+    assert "train_scripts/effnetv2_cls.py" in meta.command and model.config.stem_stride == 1
+    assert model.transforms() is not None and meta.preprocessing["resize"] == 32
+
+
+@pytest.mark.skipif(not CIFAR_SMALL.is_file(), reason="../shared/data/cifar10 is not beside this checkout")
+def test_shipped_cifar10_accuracy_is_reproduced_by_eval_only():
+    import json
+    import subprocess
+    import sys
+    model = zoo.load("effnetv2_cls", pretrained=True)
+    script = str(ROOT / "train_scripts" / "effnetv2_cls.py")
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, script, "--eval-only", "--pretrained", "default", "--data",
+                             str(CIFAR_SMALL), "--workers", "0"], capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    evaluated = json.loads(result.stdout.strip().splitlines()[-1])["eval"]
+    assert evaluated["top1"] == model.pretrained_meta.metrics["top1"]

@@ -154,8 +154,8 @@ class MBConv(nn.Module):
         return x + self.drop_path(y) if self.residual else y
 
 
-@register_model("effnetv2_cls", config=EffNetV2Config,
-                description="EfficientNetV2 image classifier (b0-b3, s/m/l; torchvision weight interop)")
+@register_model("effnetv2_cls", config=EffNetV2Config, weights={"cifar10": "effnetv2_cls.cifar10.safetensors"},
+                default="cifar10", description="EfficientNetV2 image classifier (b0-b3, s/m/l; torchvision weight interop)")
 class EfficientNetV2(nn.Module):
     """EfficientNetV2 classifier."""
     head_prefixes = ("head.",)
