@@ -23,7 +23,7 @@ from zoo.data.text import read_labelled_texts  # noqa: E402
 
 def accuracy(model, texts, labels) -> float:
     correct = 0
-    with torch.inference_mode():
+    with torch.no_grad():  # not inference_mode: torchao's quantized embedding refuses inference tensors
         for i in range(0, len(texts), 32):
             enc = model.encode(texts[i:i + 32])
             predicted = model(enc["input_ids"], enc["attention_mask"]).argmax(-1).tolist()
@@ -62,7 +62,7 @@ def main():
         acc = accuracy(model, texts, labels)
         size = model_size_bytes(model) / 1e6
         compiled = zoo_compile(model)
-        with torch.inference_mode():
+        with torch.no_grad():
             seconds = time_call(lambda: compiled(ids, mask), warmup=3, reps=args.reps)
         base = base or {"size": size, "s": seconds}
         print(f"{name:<32} {acc:8.4f} {size:8.1f} {base['size'] / size:7.2f}x {seconds * 1e3:9.1f} "

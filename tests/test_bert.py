@@ -170,6 +170,17 @@ def test_onnx_export_and_compile_with_padding_trace_without_breaks(tmp_path):
     assert zoo.accel.check_onnx(path, model, (ids2, mask2)) < 1e-4
 
 
+def test_int8_dynamic_with_int8_embeddings_stays_close_and_shrinks():
+    torch.manual_seed(0)
+    model = zoo.load("bert_cls", variant="minilm-l6", layers=2, hidden=48, heads=4, intermediate=96,
+                     vocab_size=3000, max_positions=40).eval()
+    ids, mask, types = batch(vocab=3000)
+    quantized = zoo.accel.quantize(model, "int8_dynamic", embeddings=True)
+    with torch.no_grad():
+        torch.testing.assert_close(quantized(ids, mask, types), model(ids, mask, types), atol=5e-3, rtol=0)
+    assert zoo.accel.model_size_bytes(model) / zoo.accel.model_size_bytes(quantized) > 3.0
+
+
 def test_fine_tuning_script_on_tiny_tsv(tmp_path):
     rows = ["sentence\tlabel"] + [f"{w} film \t{l}" for w, l in [("great", 1), ("awful", 0), ("lovely", 1),
                                                                   ("boring", 0)] * 8]

@@ -125,3 +125,21 @@ def test_predict_volume_and_cli(tmp_path):
     result, text = model.cli_predict([str(tmp_path / "vol.npy")], window="16")
     assert np.load(result["out"]).shape == (20, 20, 20)
     assert sum(result["voxels_per_class"].values()) == 20 ** 3 and "voxels per class" in text
+
+
+def test_shipped_weights_reproduce_their_dice_on_held_out_volumes():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    model = zoo.load("unet3d_seg", pretrained=True)
+    assert model.pretrained_meta.metrics["mean_dice"] >= 0.9
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+    amp = model.pretrained_meta.extra.get("eval_amp", "off")  # evaluated under the precision it trained in
+    result = subprocess.run([sys.executable, str(root / "train_scripts" / "unet3d_seg.py"), "--eval-only",
+                             "--pretrained", "default", "--data", "synthetic", "--workers", "0", "--amp", amp],
+                            capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    evaluated = json.loads(result.stdout.strip().splitlines()[-1])["eval"]
+    assert evaluated["mean_dice"] == model.pretrained_meta.metrics["mean_dice"]

@@ -81,8 +81,11 @@ class BertEmbeddings(nn.Module):
         if T > self.position.num_embeddings:
             raise ValueError(f"sequence of {T} tokens is longer than the model's {self.position.num_embeddings} "
                              "positions; truncate the input")
-        x = self.word(input_ids) + self.position.weight[:T]  # (B, T, C)
-        x = x + (self.token_type(token_type_ids) if token_type_ids is not None else self.token_type.weight[0])
+        # lookups through the modules, not slices of .weight, so int8-quantized embeddings work too
+        x = self.word(input_ids) + self.position(torch.arange(T, device=input_ids.device))  # (B, T, C)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = x + self.token_type(token_type_ids)
         return self.dropout(self.norm(x))
 
 

@@ -75,8 +75,8 @@ class ResBlock3d(nn.Module):
         return F.leaky_relu(self.norm2(self.conv2(y)) + self.skip(x), 0.01)
 
 
-@register_model("unet3d_seg", config=UNet3dConfig,
-                description="Deep 3D UNet for volumetric segmentation (checkpointing, sliding-window inference)")
+@register_model("unet3d_seg", config=UNet3dConfig, weights={"synthetic": "unet3d_seg.synthetic.safetensors"},
+                default="synthetic", description="Deep 3D UNet for volumetric segmentation (checkpointing, sliding-window inference)")
 class UNet3d(nn.Module):
     """Residual 3D UNet."""
     head_prefixes = ("head.", "aux_heads.")
