@@ -73,8 +73,9 @@ def main():
 
     zoo_params = sum(p.numel() for p in zoo_model(s).parameters())
     peer_params = sum(p.numel() for p in diffusers_model(s).parameters())
-    print(f"batch {b}, {s}x{s} RGB, {torch.get_num_threads()} threads; zoo DiffusionUNet {zoo_params / 1e6:.2f}M params, "
-          f"{count_flops(zoo_model(s), (x, t)) / 1e9:.2f} GFLOP/call; diffusers UNet2DModel {peer_params / 1e6:.2f}M params")
+    gflop = count_flops(zoo_model(s), (x, t)) / 1e9
+    print(f"batch {b}, {s}x{s} RGB, {torch.get_num_threads()} threads; zoo DiffusionUNet {zoo_params / 1e6:.2f}M "
+          f"params, {gflop:.2f} GFLOP/call; diffusers UNet2DModel {peer_params / 1e6:.2f}M params")
 
     print("\n1. one denoiser call (ratio to diffusers eager fp32)")
     print(f"{'model':<10} {'mode':<28} {'ms/call':>9} {'img/s':>8} {'ratio':>7}")

@@ -14,7 +14,8 @@ __all__ = ["synthetic_volume", "SyntheticVolumes", "VolumeFolder"]
 def synthetic_volume(seed: int, shape: Sequence[int] = (64, 64, 64), num_classes: int = 3,
                      objects: int = 6) -> tuple[Tensor, Tensor]:
     """(image (1, D, H, W) float32, label (D, H, W) int64): random ellipsoids of classes 1..num_classes-1 on
-    background 0, each class with its own mean intensity (jittered per volume), plus a smooth bias field and noise. The seed fixes all."""
+    background 0, each class with its own mean intensity (jittered per volume), plus a smooth bias field and
+    noise. The seed fixes all."""
     g = torch.Generator().manual_seed(seed)
     D, H, W = shape
     grid = torch.stack(torch.meshgrid(*(torch.linspace(-1, 1, n) for n in shape), indexing="ij"), dim=-1)

@@ -155,7 +155,8 @@ class MBConv(nn.Module):
 
 
 @register_model("effnetv2_cls", config=EffNetV2Config, weights={"cifar10": "effnetv2_cls.cifar10.safetensors"},
-                default="cifar10", description="EfficientNetV2 image classifier (b0-b3, s/m/l; torchvision weight interop)")
+                default="cifar10",
+                description="EfficientNetV2 image classifier (b0-b3, s/m/l; torchvision weight interop)")
 class EfficientNetV2(nn.Module):
     """EfficientNetV2 classifier."""
     head_prefixes = ("head.",)

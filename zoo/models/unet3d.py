@@ -76,7 +76,8 @@ class ResBlock3d(nn.Module):
 
 
 @register_model("unet3d_seg", config=UNet3dConfig, weights={"synthetic": "unet3d_seg.synthetic.safetensors"},
-                default="synthetic", description="Deep 3D UNet for volumetric segmentation (checkpointing, sliding-window inference)")
+                default="synthetic",
+                description="Deep 3D UNet for volumetric segmentation (checkpointing, sliding-window inference)")
 class UNet3d(nn.Module):
     """Residual 3D UNet."""
     head_prefixes = ("head.", "aux_heads.")
