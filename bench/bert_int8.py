@@ -7,6 +7,7 @@ For fp32, bf16 autocast and zoo.accel.quantize's int8 variants: SST-2 dev accura
 compiled (torchao's int8 kernels are only fast under inductor), each ratio to fp32.
 """
 import argparse
+import copy
 import os
 import sys
 
@@ -21,14 +22,13 @@ from zoo.accel.compile import compile as zoo_compile  # noqa: E402
 from zoo.data.text import read_labelled_texts  # noqa: E402
 
 
-def accuracy(model, texts, labels) -> float:
+def accuracy(model, batches, labels) -> float:
     correct = 0
     with torch.no_grad():  # not inference_mode: torchao's quantized embedding refuses inference tensors
-        for i in range(0, len(texts), 32):
-            enc = model.encode(texts[i:i + 32])
+        for enc, want in zip(batches, labels):
             predicted = model(enc["input_ids"], enc["attention_mask"]).argmax(-1).tolist()
-            correct += sum(model.labels[p] == y for p, y in zip(predicted, labels[i:i + 32]))
-    return correct / len(labels)
+            correct += sum(model.labels[p] == y for p, y in zip(predicted, want))
+    return correct / sum(len(w) for w in labels)
 
 
 def main():
@@ -42,13 +42,17 @@ def main():
     if len(raw) != len(fp32.labels):
         raise ValueError(f"dev labels {raw} do not match the model's labels {fp32.labels}")
     labels = [fp32.labels[raw.index(y)] for y in labels]
+    # tokenised once for every variant, in batches of 32 padded to their longest sentence
+    batches = [fp32.encode(texts[i:i + 32]) for i in range(0, len(texts), 32)]
+    labels = [labels[i:i + 32] for i in range(0, len(labels), 32)]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, 30000, (32, 128), generator=g)
     mask = torch.ones(32, 128, dtype=torch.long)
 
     variants = {
-        "fp32": lambda: fp32,
-        "bf16 autocast": lambda: with_autocast(zoo.load("bert_cls", pretrained=True).float().eval(), "cpu", "bf16"),
+        # copies: compile and with_autocast change a model in place, quantize copies by itself
+        "fp32": lambda: copy.deepcopy(fp32),
+        "bf16 autocast": lambda: with_autocast(copy.deepcopy(fp32), "cpu", "bf16"),
         "int8_dynamic": lambda: quantize(fp32, "int8_dynamic"),
         "int8_dynamic + int8 embeddings": lambda: quantize(fp32, "int8_dynamic", embeddings=True),
         "int8_weight_only": lambda: quantize(fp32, "int8_weight_only"),
@@ -59,7 +63,7 @@ def main():
     base = {}
     for name, build in variants.items():
         model = build()
-        acc = accuracy(model, texts, labels)
+        acc = accuracy(model, batches, labels)
         size = model_size_bytes(model) / 1e6
         compiled = zoo_compile(model)
         with torch.no_grad():
@@ -67,8 +71,6 @@ def main():
         base = base or {"size": size, "s": seconds}
         print(f"{name:<32} {acc:8.4f} {size:8.1f} {base['size'] / size:7.2f}x {seconds * 1e3:9.1f} "
               f"{base['s'] / seconds:5.2f}x", flush=True)
-        if model is fp32:  # compile is in place: later variants quantize an uncompiled copy
-            fp32 = zoo.load("bert_cls", pretrained=True).float().eval()
 
 
 if __name__ == "__main__":

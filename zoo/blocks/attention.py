@@ -106,9 +106,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padd
         # A row with no visible key makes softmax NaN (also in bf16 fused kernels): let it see
         # everything, then zero its output, so values and gradients stay finite.
         empty_rows = ~mask.any(dim=-1, keepdim=True)  # (..., Tq, 1)
-        if torch.compiler.is_compiling():  # traced (compile, export): no data-dependent branch
-            mask = mask | empty_rows
-        elif bool(empty_rows.any()):
+        # traced (compile, export): always guard, since a data-dependent branch breaks the graph
+        if torch.compiler.is_compiling() or bool(empty_rows.any()):
             mask = mask | empty_rows
         else:
             empty_rows = None
