@@ -49,6 +49,18 @@ def test_compile_matches_eager_and_keeps_identity():
     assert not any("_orig_mod" in k for k in model.state_dict())
 
 
+def test_compile_freeze_folds_batchnorm_for_inference_and_matches_eager():
+    from torch._dynamo.utils import counters
+    model = ConvNet().eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        eager = model(x)
+        counters.clear()
+        frozen = accel.compile(model, freeze=True)
+        torch.testing.assert_close(frozen(x), eager, atol=1e-4, rtol=1e-4)
+    assert counters["inductor"]["binary_folding"] > 0, "BatchNorm was not folded: the freezing pass did not run"
+
+
 def test_compile_failure_falls_back_with_one_warning():
     model = accel.compile(Uncompilable(), fullgraph=True)
     x = torch.randn(2, 4)
@@ -102,6 +114,24 @@ def test_with_autocast_in_place_returns_fp32():
     assert out.dtype == torch.float32 and list(model.state_dict()) == keys
     accel.with_autocast(model, "cpu", "fp32")
     assert "forward" not in vars(model)
+
+
+def test_cast_runs_bf16_weights_end_to_end_and_converts_back():
+    model = ConvNet().eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        ref = model(x)
+        accel.cast(model, "bf16")
+        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+        assert model.features[1].running_var.dtype == torch.bfloat16
+        out = model(x)  # fp32 input cast on the way in
+        assert out.dtype == torch.float32 and _rel_err(out, ref) < 0.05
+        lm = accel.cast(tiny_lm().eval(), "bf16")
+        assert lm(torch.randint(0, 16, (1, 4))).dtype == torch.float32  # integer token ids left alone
+        accel.cast(model, "fp32")
+        assert "forward" not in vars(model) and model.head.weight.dtype == torch.float32
+    with pytest.raises(ValueError, match="unknown precision 'int8'"):
+        accel.cast(model, "int8")
 
 
 def _rel_err(a, b):

@@ -67,6 +67,36 @@ def test_fully_masked_rows_finite_in_bf16_with_gradients():
     assert torch.isfinite(out.float()).all() and torch.isfinite(q.grad.float()).all()
 
 
+class SdpaInputDtypes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the dtype SDPA's kernels receive (after autocast has cast the inputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "scaled_dot_product" in func.name() and "backward" not in func.name():
+            self.dtypes.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def test_short_bf16_training_attends_in_fp32_and_returns_bf16():
+    q, k, v = (t.bfloat16().requires_grad_() for t in qkv())
+    with SdpaInputDtypes() as seen, torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attention(q, k, v, causal=True)
+    assert seen.dtypes == [torch.float32] and out.dtype == torch.bfloat16
+    out.float().pow(2).sum().backward()
+    grads = [t.grad for t in (q, k, v)]
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    reference(q32, k32, v32, causal=True).pow(2).sum().backward()
+    for g, ref in zip(grads, (q32.grad, k32.grad, v32.grad)):
+        assert g.dtype == torch.bfloat16
+        torch.testing.assert_close(g.float(), ref, atol=3e-2, rtol=3e-2)
+    with SdpaInputDtypes() as seen, torch.no_grad():
+        attention(q, k, v)
+    assert seen.dtypes == [torch.bfloat16], "inference keeps the bf16 kernel"
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("T,window", [(9, 3), (40, 4), (37, 5)])
 def test_sliding_window(causal, T, window):

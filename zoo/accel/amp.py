@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["autocast", "grad_scaler", "resolve_dtype", "with_autocast"]
+__all__ = ["autocast", "cast", "grad_scaler", "resolve_dtype", "with_autocast"]
 
 _NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32, "off": torch.float32, "none": torch.float32}
@@ -78,22 +79,60 @@ def grad_scaler(device: str | torch.device = "cpu", dtype: str | torch.dtype | N
     return torch.amp.GradScaler(torch.device(device).type)
 
 
+def _to_fp32(out):
+    return torch.utils._pytree.tree_map(
+        lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+
+
+def _wrap_forward(model, wrap):
+    """Replace `model.forward` in place with wrap(plain_forward); wrap=None restores the class's forward."""
+    if "forward" in vars(model):
+        del model.forward
+    if wrap is not None:
+        plain_forward = type(model).forward.__get__(model)
+        model.forward = functools.wraps(plain_forward)(wrap(plain_forward))
+    return model
+
+
 def with_autocast(model, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = "auto"):
     """Make `model` run its forward under autocast, in place (keys, methods and metadata unchanged);
     floating outputs come back as fp32. `with_autocast(model, dtype="fp32")` undoes it."""
-    import functools
-
-    if "forward" in vars(model):
-        del model.forward
     if resolve_dtype(device, dtype) == torch.float32:
-        return model
-    plain_forward = type(model).forward.__get__(model)
+        return _wrap_forward(model, None)
 
-    @functools.wraps(plain_forward)
-    def forward(*args, **kwargs):
-        with autocast(device, dtype):
-            out = plain_forward(*args, **kwargs)
-        return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+    def wrap(plain_forward):
+        def forward(*args, **kwargs):
+            with autocast(device, dtype):
+                return _to_fp32(plain_forward(*args, **kwargs))
+        return forward
 
-    model.forward = forward
-    return model
+    return _wrap_forward(model, wrap)
+
+
+def cast(model, dtype: str | torch.dtype = "bf16"):
+    """Run `model` in `dtype` end to end, for inference, in place: parameters and floating buffers are
+    converted, floating inputs are cast on the way in and floating outputs come back as fp32.
+
+    Faster than autocast for inference on CPU (compiled BERT 1.7x, EfficientNetV2 at 32x32 2x, bench/):
+    no weight casts per call, and norms and activations move half the bytes. Norm statistics are then
+    computed in bf16 as well, so check the accuracy on your data (the model cards list it for the shipped
+    weights). Floating inputs that need full precision (e.g. diffusion timesteps) are better served by
+    autocast. `cast(model, "fp32")` converts back (the bf16 rounding of the weights stays).
+    """
+    target = _NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    if not isinstance(target, torch.dtype) or not target.is_floating_point:
+        raise ValueError(f"unknown precision {dtype!r}; choose bf16, fp16 or fp32")
+    model.to(target)
+    if target == torch.float32:
+        return _wrap_forward(model, None)
+
+    def to_target(t):
+        return t.to(target) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+    def wrap(plain_forward):
+        def forward(*args, **kwargs):
+            args, kwargs = torch.utils._pytree.tree_map(to_target, (args, kwargs))
+            return _to_fp32(plain_forward(*args, **kwargs))
+        return forward
+
+    return _wrap_forward(model, wrap)

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from zoo.accel.amp import with_autocast
+from zoo.accel.amp import cast, with_autocast
 from zoo.accel.compile import compile as zoo_compile
 
 __all__ = ["time_call", "matmul_peak_gflops", "count_flops", "Variant", "variants_for", "bench_rows",
@@ -73,28 +73,32 @@ def _channels_last(model, inputs):
 
 def _int8(model, inputs):
     from zoo.accel.quantize import quantize
-    # both int8 paths reach int8 kernels only through inductor: PT2E leaves reference quantize/dequantize
-    # ops that ran at 0.36x eager fp32 uncompiled (EfficientNetV2-S), and torchao's eager int8 is slow too
+    # both int8 paths reach int8 kernels only through inductor with frozen weights: PT2E leaves reference
+    # quantize/dequantize ops that ran at 0.36x eager fp32 uncompiled (EfficientNetV2-S)
     if _has_conv(model):
-        return zoo_compile(quantize(model, "int8_static", calibration=[inputs])), inputs
-    return zoo_compile(quantize(model, "int8_dynamic")), inputs
+        model, inputs = _channels_last(model, inputs)
+        return zoo_compile(quantize(model, "int8_static", calibration=[inputs]), freeze=True), inputs
+    return zoo_compile(quantize(model, "int8_dynamic"), freeze=True), inputs
+
+
+def _compiled_bf16(model, inputs):
+    # bf16 weights rather than autocast: no per-call weight casts, half the bytes in norms and activations
+    if _has_conv(model):
+        model, inputs = _channels_last(model, inputs)
+    return zoo_compile(cast(model, "bf16"), freeze=True), inputs
 
 
 def variants_for(model: nn.Module, *, compile: bool = True, int8: bool = True) -> list[Variant]:
+    """The inference modes for `model`; compiled ones freeze the weights (inference only)."""
     conv = _has_conv(model)
     out = [Variant("eager fp32", lambda m, x: (m, x))]
     if conv:
         out.append(Variant("channels_last", _channels_last))
     out.append(Variant("bf16 autocast", lambda m, x: (with_autocast(m, "cpu", "bf16"), x)))
     if compile:
-        out.append(Variant("compile", lambda m, x: (zoo_compile(m), x), compiled=True))
-        if conv:
-            out.append(Variant("compile+bf16+channels_last",
-                               lambda m, x: (zoo_compile(with_autocast(_channels_last(m, x)[0], "cpu", "bf16")),
-                                             _channels_last(m, x)[1]), compiled=True))
-        else:
-            out.append(Variant("compile+bf16", lambda m, x: (zoo_compile(with_autocast(m, "cpu", "bf16")), x),
-                               compiled=True))
+        out.append(Variant("compile", lambda m, x: (zoo_compile(m, freeze=True), x), compiled=True))
+        out.append(Variant("compile+bf16 cast" + ("+channels_last" if conv else ""), _compiled_bf16,
+                           compiled=True))
     if int8:
         out.append(Variant("int8 static (PT2E, compiled)" if conv else "int8 dynamic (torchao, compiled)", _int8,
                            compiled=True))
@@ -230,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     peaks = {"fp32": matmul_peak_gflops(torch.float32), "bf16": matmul_peak_gflops(torch.bfloat16)}
     flops = count_flops(model, inputs)
     params = sum(p.numel() for p in model.parameters())
-    shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
+    shapes = ", ".join(str(tuple(t.shape)) if isinstance(t, torch.Tensor) else repr(t) for t in inputs)
     print(f"{args.name}: {params / 1e6:.2f}M params, {flops / 1e9:.2f} GFLOP per batch of {shapes}; "
           f"{torch.get_num_threads()} threads; matmul peak fp32 {peaks['fp32']:.0f}, bf16 {peaks['bf16']:.0f} GFLOP/s")
     rows = bench_rows(model, inputs, variants_for(model, compile=not args.no_compile, int8=not args.no_int8),
