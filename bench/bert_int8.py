@@ -2,9 +2,9 @@
 
     python bench/bert_int8.py --dev ../shared/data/sst2/dev.tsv
 
-For fp32, bf16 autocast and zoo.accel.quantize's int8 variants: SST-2 dev accuracy (eager, batches of
+For fp32, bf16 (autocast, and zoo.accel.cast's weights in bf16) and zoo.accel.quantize's int8 variants: SST-2 dev accuracy (eager, batches of
 32 padded to their longest sentence), the serialised size, and the time of a batch of 32 x 128 tokens
-compiled (torchao's int8 kernels are only fast under inductor), each ratio to fp32.
+compiled with frozen weights (torchao's int8 kernels are only fast under inductor), each ratio to fp32.
 """
 import argparse
 import copy
@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 import zoo  # noqa: E402
-from zoo.accel import model_size_bytes, quantize, with_autocast  # noqa: E402
+from zoo.accel import cast, model_size_bytes, quantize, with_autocast  # noqa: E402
 from zoo.accel.bench import time_call  # noqa: E402
 from zoo.accel.compile import compile as zoo_compile  # noqa: E402
 from zoo.data.text import read_labelled_texts  # noqa: E402
@@ -29,6 +29,13 @@ def accuracy(model, batches, labels) -> float:
             predicted = model(enc["input_ids"], enc["attention_mask"]).argmax(-1).tolist()
             correct += sum(model.labels[p] == y for p, y in zip(predicted, want))
     return correct / sum(len(w) for w in labels)
+
+
+def pt2e(fp32, ids, mask):
+    """int8_dynamic through PT2E: a graph module for any batch size and sentence length, with the labels."""
+    q = quantize(fp32, "int8_dynamic", backend="pt2e", example_inputs=(ids, mask), dynamic_dims={0: (1,), 1: (1,)})
+    q.labels = fp32.labels
+    return q
 
 
 def main():
@@ -53,8 +60,10 @@ def main():
         # copies: compile and with_autocast change a model in place, quantize copies by itself
         "fp32": lambda: copy.deepcopy(fp32),
         "bf16 autocast": lambda: with_autocast(copy.deepcopy(fp32), "cpu", "bf16"),
+        "bf16 cast (weights in bf16)": lambda: cast(copy.deepcopy(fp32), "bf16"),
         "int8_dynamic": lambda: quantize(fp32, "int8_dynamic"),
         "int8_dynamic + int8 embeddings": lambda: quantize(fp32, "int8_dynamic", embeddings=True),
+        "int8_dynamic (PT2E x86)": lambda: pt2e(fp32, ids, mask),
         "int8_weight_only": lambda: quantize(fp32, "int8_weight_only"),
     }
     print(f"bert_cls sst2 weights, {len(texts)} dev sentences; time: batch 32 x 128, compiled, "
@@ -65,7 +74,7 @@ def main():
         model = build()
         acc = accuracy(model, batches, labels)
         size = model_size_bytes(model) / 1e6
-        compiled = zoo_compile(model)
+        compiled = zoo_compile(model, freeze=True)
         with torch.no_grad():
             seconds = time_call(lambda: compiled(ids, mask), warmup=3, reps=args.reps)
         base = base or {"size": size, "s": seconds}

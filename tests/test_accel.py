@@ -1,4 +1,5 @@
 """zoo.accel on small models: compile, autocast, GradScaler, quantize, checkpointing, export, optimize."""
+import copy
 import warnings
 
 import pytest
@@ -149,12 +150,31 @@ def test_int8_dynamic_and_weight_only_on_linear_model():
     assert isinstance(model[0], nn.Linear) and model[0].weight.dtype == torch.float32, "input model untouched"
 
 
+def test_int8_dynamic_pt2e_traces_for_x86_kernels_with_dynamic_batch():
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256)).eval()
+    q = accel.quantize(model, "int8_dynamic", backend="pt2e", example_inputs=(torch.randn(8, 256),))
+    assert q.quantization == "int8_dynamic" and accel.model_size_bytes(model) / accel.model_size_bytes(q) >= 3.5
+    x = torch.randn(3, 256)  # another batch size than the example's
+    with torch.no_grad():
+        assert _rel_err(q(x), model(x)) < 0.05
+    with pytest.raises(ValueError, match="pass example_inputs"):
+        accel.quantize(model, "int8_dynamic", backend="pt2e")
+    with pytest.raises(ValueError, match="use backend='torchao'"):
+        accel.quantize(model, "int8_weight_only", backend="pt2e", example_inputs=(x,))
+    with pytest.raises(ValueError, match="unknown quantization backend"):
+        accel.quantize(model, "int8_dynamic", backend="fbgemm")
+
+
 def test_int8_static_on_conv_model():
     model = ConvNet().eval()
     batches = [torch.randn(4, 3, 16, 16) for _ in range(4)]
     q = accel.quantize(model, "int8_static", calibration=batches)
     with torch.no_grad():
         assert _rel_err(q(batches[0]), model(batches[0])) < 0.05
+        x = torch.randn(7, 3, 16, 16)  # the batch dimension stays dynamic
+        assert _rel_err(q(x), model(x)) < 0.05
+        # frozen compilation is what lowers the quantize/dequantize pairs to oneDNN int8 convolutions
+        assert _rel_err(accel.compile(copy.deepcopy(q), freeze=True)(x), model(x)) < 0.05
     assert accel.model_size_bytes(model) / accel.model_size_bytes(q) >= 3.5
 
 

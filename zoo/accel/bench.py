@@ -78,7 +78,7 @@ def _int8(model, inputs):
     if _has_conv(model):
         model, inputs = _channels_last(model, inputs)
         return zoo_compile(quantize(model, "int8_static", calibration=[inputs]), freeze=True), inputs
-    return zoo_compile(quantize(model, "int8_dynamic"), freeze=True), inputs
+    return zoo_compile(quantize(model, "int8_dynamic", backend="pt2e", example_inputs=inputs), freeze=True), inputs
 
 
 def _compiled_bf16(model, inputs):
@@ -100,7 +100,7 @@ def variants_for(model: nn.Module, *, compile: bool = True, int8: bool = True) -
         out.append(Variant("compile+bf16 cast" + ("+channels_last" if conv else ""), _compiled_bf16,
                            compiled=True))
     if int8:
-        out.append(Variant("int8 static (PT2E, compiled)" if conv else "int8 dynamic (torchao, compiled)", _int8,
+        out.append(Variant("int8 static (PT2E, compiled)" if conv else "int8 dynamic (PT2E, compiled)", _int8,
                            compiled=True))
     return out
 

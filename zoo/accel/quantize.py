@@ -1,6 +1,7 @@
 """int8 quantization for zoo models: dynamic, weight-only, and static for convolutional models.
 
-    q = zoo.accel.quantize(model, "int8_dynamic")                          # Linear layers
+    q = zoo.accel.quantize(model, "int8_dynamic")                          # Linear layers (torchao)
+    q = zoo.accel.quantize(model, "int8_dynamic", backend="pt2e", example_inputs=x)  # x86 int8 kernels
     q = zoo.accel.quantize(model, "int8_weight_only")                      # Linear (+ Embedding) weights
     q = zoo.accel.quantize(model, "int8_static", calibration=batches)      # convolutions, PT2E + x86
 
@@ -43,7 +44,8 @@ def _torchao():
 
 
 def quantize(model: nn.Module, method: str, calibration: Iterable | None = None, *,
-             example_inputs: tuple | None = None, embeddings: bool = False) -> nn.Module:
+             example_inputs: tuple | None = None, embeddings: bool = False, backend: str = "torchao",
+             dynamic_dims: dict[int, tuple[int, ...]] | None = None) -> nn.Module:
     """Return an int8 copy of `model`.
 
     int8_dynamic: Linear weights int8, activations quantized per token at run time.
@@ -51,16 +53,36 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
     int8_static: convolutions and linears with activation scales calibrated on `calibration` (an iterable
         of input tuples or tensors); needs a model with convolutions.
     embeddings=True also stores nn.Embedding tables in int8 (weight-only), the bulk of a small BERT.
+
+    backend (int8_dynamic): "torchao" keeps the model object (its methods, any input shape) and can
+    quantize embeddings; "pt2e" traces the model on `example_inputs` with torch.export and quantizes it
+    for x86's oneDNN int8 kernels, which `zoo.accel.compile(q, freeze=True)` reaches (BERT on SST-2:
+    2.65x fp32 against torchao's 1.7x, bench/results/bert_cls_int8.txt). PT2E models (also int8_static)
+    are graph modules without the model's other methods; their batch dimension stays dynamic, and
+    `dynamic_dims` adds others, e.g. {0: (1,), 1: (1,)} for a sequence length in inputs 0 and 1.
     """
     if method not in METHODS:
         raise ValueError(f"unknown quantization method {method!r}; choose {', '.join(METHODS)}")
+    if backend not in ("torchao", "pt2e"):
+        raise ValueError(f"unknown quantization backend {backend!r}; choose torchao or pt2e")
     plain = getattr(model, "_orig_mod", model)
     qmodel = copy.deepcopy(plain).eval()
     if method == "int8_static":
-        return _static(qmodel, calibration, example_inputs)
+        if not _has(qmodel, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            raise ValueError(f"int8_static is for convolutional models and {type(plain).__name__} has no "
+                             "convolutions; use int8_dynamic for Linear-only models")
+        if calibration is None:
+            raise ValueError("int8_static needs calibration=...: an iterable of representative input batches")
+        return _pt2e(qmodel, [_as_tuple(b) for b in calibration], example_inputs, dynamic_dims, method)
     if not _has(qmodel, (nn.Linear,)):
         raise ValueError(f"{method} quantizes nn.Linear layers and {type(plain).__name__} has none; "
                          "for a convolutional model use int8_static with a calibration loader")
+    if backend == "pt2e":
+        if method != "int8_dynamic" or embeddings:
+            raise ValueError("backend='pt2e' is for int8_dynamic without embeddings=True; use backend='torchao'")
+        if example_inputs is None:
+            raise ValueError("backend='pt2e' traces the model: pass example_inputs=(...) of a typical call")
+        return _pt2e(qmodel, [tuple(example_inputs)], example_inputs, dynamic_dims, method)
     if not _torchao():
         return _legacy_dynamic(qmodel, method)
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
@@ -87,17 +109,13 @@ def _as_tuple(batch) -> tuple:
     return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 
 
-def _static(qmodel: nn.Module, calibration: Iterable | None, example_inputs: tuple | None) -> nn.Module:
-    if not _has(qmodel, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-        raise ValueError(f"int8_static is for convolutional models and {type(qmodel).__name__} has no "
-                         "convolutions; use int8_dynamic for Linear-only models")
-    if calibration is None:
-        raise ValueError("int8_static needs calibration=...: an iterable of representative input batches")
-    batches = [_as_tuple(b) for b in calibration]
+def _pt2e(qmodel: nn.Module, batches: list[tuple], example_inputs: tuple | None,
+          dynamic_dims: dict[int, tuple[int, ...]] | None, method: str) -> nn.Module:
+    from zoo.accel.export import export_program
     if not batches:
         raise ValueError("the calibration iterable is empty")
     example = tuple(example_inputs) if example_inputs is not None else batches[0]
-    # PT2E with the x86 Inductor quantizer is the maintained static path (FX graph mode is deprecated);
+    # PT2E with the x86 Inductor quantizer is the maintained graph path (FX graph mode is deprecated);
     # it lives in torchao for current torch and in torch.ao for older releases.
     try:
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -107,15 +125,16 @@ def _static(qmodel: nn.Module, calibration: Iterable | None, example_inputs: tup
         from torch.ao.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
         from torch.ao.quantization.quantizer.x86_inductor_quantizer import (
             X86InductorQuantizer, get_default_x86_inductor_quantization_config)
-    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    config = get_default_x86_inductor_quantization_config(is_dynamic=method == "int8_dynamic")
+    quantizer = X86InductorQuantizer().set_global(config)
     with torch.no_grad():
-        exported = torch.export.export(qmodel, example).module()
+        exported = export_program(qmodel, example, dynamic_dims=dynamic_dims).module()
         prepared = prepare_pt2e(exported, quantizer)
-        for batch in batches:
+        for batch in batches:  # dynamic: one pass inserts the run-time observers
             prepared(*batch)
         converted = convert_pt2e(prepared)
     _drop_unused_attributes(converted)
-    converted.quantization = "int8_static"
+    converted.quantization = method
     return converted
 
 
