@@ -2,9 +2,10 @@
 
     python bench/bert_int8.py --dev ../shared/data/sst2/dev.tsv
 
-For fp32, bf16 (autocast, and zoo.accel.cast's weights in bf16) and zoo.accel.quantize's int8 variants: SST-2 dev accuracy (eager, batches of
-32 padded to their longest sentence), the serialised size, and the time of a batch of 32 x 128 tokens
-compiled with frozen weights (torchao's int8 kernels are only fast under inductor), each ratio to fp32.
+For fp32, bf16 (autocast, and zoo.accel.cast's weights in bf16) and zoo.accel.quantize's int8 variants:
+SST-2 dev accuracy (eager, batches of 32 padded to their longest sentence), the serialised size, and the
+time of a batch of 32 x 128 tokens compiled with frozen weights (int8 kernels are only fast under
+inductor), each ratio to fp32.
 """
 import argparse
 import copy

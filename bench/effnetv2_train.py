@@ -14,23 +14,10 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import zoo  # noqa: E402
-from zoo.accel.bench import time_call  # noqa: E402
+from zoo.accel.bench import time_call, train_step  # noqa: E402
 from zoo.accel.compile import compile as zoo_compile  # noqa: E402
-
-
-def train_step(model, x, y, bf16: bool):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-
-    def step():
-        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
-            loss = F.cross_entropy(model(x).float(), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return step
 
 
 def main():
@@ -73,7 +60,7 @@ def main():
             model, inputs = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
         if compiled:
             model = zoo_compile(model)
-        seconds = time_call(train_step(model, inputs, y, bf16), warmup=3 if compiled else 1, reps=args.reps)
+        seconds = time_call(train_step(model, (inputs,), y, bf16), warmup=3 if compiled else 1, reps=args.reps)
         baseline = baseline or seconds
         print(f"{label:<12} {mode:<28} {seconds:8.3f} {args.batch / seconds:8.1f} {baseline / seconds:6.2f}x",
               flush=True)

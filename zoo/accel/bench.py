@@ -26,7 +26,7 @@ from torch import nn
 from zoo.accel.amp import cast, with_autocast
 from zoo.accel.compile import compile as zoo_compile
 
-__all__ = ["time_call", "matmul_peak_gflops", "count_flops", "Variant", "variants_for", "bench_rows",
+__all__ = ["time_call", "matmul_peak_gflops", "count_flops", "Variant", "variants_for", "bench_rows", "train_step",
            "format_table", "main"]
 
 
@@ -122,6 +122,21 @@ def bench_rows(model: nn.Module, inputs: tuple, variants: list[Variant], *, labe
         rows.append({"model": label, "mode": v.name, "ms": seconds * 1e3, "items_per_s": batch / seconds,
                      "ratio": baseline_s / seconds})
     return rows
+
+
+def train_step(model: nn.Module, inputs: tuple, labels: torch.Tensor, bf16: bool) -> Callable[[], None]:
+    """One training step as a closure for `time_call`: forward (under bf16 autocast or not), cross-entropy
+    on the logits (a tensor or an output with `.logits`, as transformers returns), backward, fused AdamW."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+
+    def step():
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            out = model(*inputs)
+        logits = out.logits if hasattr(out, "logits") else out
+        torch.nn.functional.cross_entropy(logits.float(), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
 
 
 def train_step_peak_mb(name: str, batch: int, checkpointing: str = "none", amp: str = "off", *,

@@ -56,8 +56,8 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
 
     backend (int8_dynamic): "torchao" keeps the model object (its methods, any input shape) and can
     quantize embeddings; "pt2e" traces the model on `example_inputs` with torch.export and quantizes it
-    for x86's oneDNN int8 kernels, which `zoo.accel.compile(q, freeze=True)` reaches (BERT on SST-2:
-    2.65x fp32 against torchao's 1.7x, bench/results/bert_cls_int8.txt). PT2E models (also int8_static)
+    for x86's oneDNN int8 kernels, which `zoo.accel.compile(q, freeze=True)` reaches (BERT on SST-2: over
+    3x fp32 against torchao's 1.6-1.9x, -0.6 pt, bench/results/bert_cls_int8.txt). PT2E models (and int8_static)
     are graph modules without the model's other methods; their batch dimension stays dynamic, and
     `dynamic_dims` adds others, e.g. {0: (1,), 1: (1,)} for a sequence length in inputs 0 and 1.
     """

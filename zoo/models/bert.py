@@ -314,7 +314,8 @@ class BertClassifier(nn.Module):
         hf = BertForSequenceClassification(HFConfig(
             vocab_size=c.vocab_size, hidden_size=c.hidden, num_hidden_layers=c.layers, num_attention_heads=c.heads,
             intermediate_size=c.intermediate, max_position_embeddings=c.max_positions,
-            type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps, num_labels=c.num_classes)).eval()
+            type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps, num_labels=c.num_classes,
+            hidden_dropout_prob=c.hidden_dropout, attention_probs_dropout_prob=c.attention_dropout)).eval()
         hf.load_state_dict(to_hf_state_dict(self), strict=False)
         return "transformers", hf  # it takes the same (input_ids, attention_mask) inputs
 
