@@ -159,10 +159,21 @@ def test_int8_dynamic_pt2e_traces_for_x86_kernels_with_dynamic_batch():
         assert _rel_err(q(x), model(x)) < 0.05
     with pytest.raises(ValueError, match="pass example_inputs"):
         accel.quantize(model, "int8_dynamic", backend="pt2e")
-    with pytest.raises(ValueError, match="use backend='torchao'"):
+    with pytest.raises(ValueError, match="use backend='torchao' for int8_weight_only"):
         accel.quantize(model, "int8_weight_only", backend="pt2e", example_inputs=(x,))
     with pytest.raises(ValueError, match="unknown quantization backend"):
         accel.quantize(model, "int8_dynamic", backend="fbgemm")
+
+
+def test_int8_dynamic_pt2e_stores_embeddings_in_int8():
+    model = nn.Sequential(nn.Embedding(4000, 64), nn.Linear(64, 64)).eval()
+    ids = torch.randint(0, 4000, (2, 12))
+    q = accel.quantize(model, "int8_dynamic", backend="pt2e", example_inputs=(ids,), embeddings=True)
+    tables = [t for t in q.state_dict().values() if t.shape == (4000, 64)]
+    assert [t.dtype for t in tables] == [torch.int8], "the fp32 table is gone, an int8 one is stored"
+    assert accel.model_size_bytes(model) / accel.model_size_bytes(q) >= 3.5
+    with torch.no_grad():
+        assert _rel_err(q(ids), model(ids)) < 0.05
 
 
 def test_int8_static_on_conv_model():

@@ -54,10 +54,10 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
         of input tuples or tensors); needs a model with convolutions.
     embeddings=True also stores nn.Embedding tables in int8 (weight-only), the bulk of a small BERT.
 
-    backend (int8_dynamic): "torchao" keeps the model object (its methods, any input shape) and can
-    quantize embeddings; "pt2e" traces the model on `example_inputs` with torch.export and quantizes it
-    for x86's oneDNN int8 kernels, which `zoo.accel.compile(q, freeze=True)` reaches (BERT on SST-2: over
-    3x fp32 against torchao's 1.6-1.9x, -0.6 pt, bench/results/bert_cls_int8.txt). PT2E models (and int8_static)
+    backend (int8_dynamic): "torchao" keeps the model object (its methods, any input shape); "pt2e"
+    traces the model on `example_inputs` with torch.export and quantizes it for x86's oneDNN int8 kernels,
+    which `zoo.accel.compile(q, freeze=True)` reaches (BERT on SST-2 with int8 embeddings: 4.3x compiled
+    fp32 against torchao's 1.4x, -0.1 pt, 3.9x smaller; bench/results/bert_cls_int8.txt). PT2E models (and int8_static)
     are graph modules without the model's other methods; their batch dimension stays dynamic, and
     `dynamic_dims` adds others, e.g. {0: (1,), 1: (1,)} for a sequence length in inputs 0 and 1.
     """
@@ -73,16 +73,16 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
                              "convolutions; use int8_dynamic for Linear-only models")
         if calibration is None:
             raise ValueError("int8_static needs calibration=...: an iterable of representative input batches")
-        return _pt2e(qmodel, [_as_tuple(b) for b in calibration], example_inputs, dynamic_dims, method)
+        return _pt2e(qmodel, [_as_tuple(b) for b in calibration], example_inputs, dynamic_dims, method, embeddings)
     if not _has(qmodel, (nn.Linear,)):
         raise ValueError(f"{method} quantizes nn.Linear layers and {type(plain).__name__} has none; "
                          "for a convolutional model use int8_static with a calibration loader")
     if backend == "pt2e":
-        if method != "int8_dynamic" or embeddings:
-            raise ValueError("backend='pt2e' is for int8_dynamic without embeddings=True; use backend='torchao'")
+        if method != "int8_dynamic":
+            raise ValueError(f"backend='pt2e' is for int8_dynamic; use backend='torchao' for {method}")
         if example_inputs is None:
             raise ValueError("backend='pt2e' traces the model: pass example_inputs=(...) of a typical call")
-        return _pt2e(qmodel, [tuple(example_inputs)], example_inputs, dynamic_dims, method)
+        return _pt2e(qmodel, [tuple(example_inputs)], example_inputs, dynamic_dims, method, embeddings)
     if not _torchao():
         return _legacy_dynamic(qmodel, method)
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
@@ -110,7 +110,7 @@ def _as_tuple(batch) -> tuple:
 
 
 def _pt2e(qmodel: nn.Module, batches: list[tuple], example_inputs: tuple | None,
-          dynamic_dims: dict[int, tuple[int, ...]] | None, method: str) -> nn.Module:
+          dynamic_dims: dict[int, tuple[int, ...]] | None, method: str, embeddings: bool) -> nn.Module:
     from zoo.accel.export import export_program
     if not batches:
         raise ValueError("the calibration iterable is empty")
@@ -133,9 +133,37 @@ def _pt2e(qmodel: nn.Module, batches: list[tuple], example_inputs: tuple | None,
         for batch in batches:  # dynamic: one pass inserts the run-time observers
             prepared(*batch)
         converted = convert_pt2e(prepared)
+    if embeddings:
+        _int8_embeddings(converted)
     _drop_unused_attributes(converted)
     converted.quantization = method
     return converted
+
+
+def _int8_embeddings(graph_module: torch.fx.GraphModule) -> None:
+    """Store each embedding table of a PT2E graph in int8 with one fp32 scale per row (symmetric, as
+    torchao's weight-only int8): the lookup gathers int8 rows and their scales, then multiplies."""
+    graph = graph_module.graph
+    for node in list(graph.nodes):
+        if not (node.op == "call_function" and node.target == torch.ops.aten.embedding.default
+                and node.args[0].op == "get_attr"):
+            continue
+        owner, _, attr = node.args[0].target.rpartition(".")
+        weight = getattr(graph_module.get_submodule(owner), attr)
+        scale = weight.detach().abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
+        name = node.args[0].target.replace(".", "_")
+        graph_module.register_buffer(f"{name}_int8", torch.round(weight.detach() / scale).to(torch.int8))
+        graph_module.register_buffer(f"{name}_scale", scale.float())
+        ids = node.args[1]
+        with graph.inserting_before(node):
+            rows = graph.call_function(torch.ops.aten.embedding.default, (graph.get_attr(f"{name}_int8"), ids))
+            scales = graph.call_function(torch.ops.aten.embedding.default, (graph.get_attr(f"{name}_scale"), ids))
+            rows = graph.call_function(torch.ops.aten._to_copy.default, (rows,), {"dtype": weight.dtype})
+            lookup = graph.call_function(torch.ops.aten.mul.Tensor, (rows, scales))
+        node.replace_all_uses_with(lookup)
+        graph.erase_node(node)
+    graph.eliminate_dead_code()
+    graph_module.recompile()
 
 
 def _drop_unused_attributes(graph_module: torch.fx.GraphModule) -> None:
