@@ -60,6 +60,10 @@ def test_compile_freeze_folds_batchnorm_for_inference_and_matches_eager():
         frozen = accel.compile(model, freeze=True)
         torch.testing.assert_close(frozen(x), eager, atol=1e-4, rtol=1e-4)
     assert counters["inductor"]["binary_folding"] > 0, "BatchNorm was not folded: the freezing pass did not run"
+    with torch.no_grad():
+        model.head.weight.mul_(2.0)  # e.g. an optimizer step after the frozen graph was built
+        with pytest.raises(RuntimeError, match="changed after it was compiled with freeze=True"):
+            frozen(x)
 
 
 def test_compile_failure_falls_back_with_one_warning():

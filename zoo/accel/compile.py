@@ -43,8 +43,8 @@ def compile(model: nn.Module, mode: Literal["default", "reduce-overhead", "max-a
     freeze=True (inference): calls made without gradients (no_grad / inference_mode) compile with the
     parameters as constants, so inductor folds BatchNorm into convolutions, fuses activations into them
     and pre-packs weights for oneDNN; on this CPU that is what turns int8 PT2E models into int8 kernels.
-    The frozen graph keeps the weights it saw: compile again after changing them. Calls with gradients
-    compile as usual. (`torch.compile(options={"freezing": True})` does not reach the freezing pass in
+    The frozen graph keeps the weights it saw, so a frozen call after the weights changed in place raises
+    instead of using stale weights. Calls with gradients compile as usual. (`torch.compile(options={"freezing": True})` does not reach the freezing pass in
     current torch, so the inductor config is set around each call instead.)
     """
     if mode not in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
@@ -61,8 +61,17 @@ def compile(model: nn.Module, mode: Literal["default", "reduce-overhead", "max-a
         return model
     compiled_call = model._compiled_call_impl
     freeze = freeze and backend == "inductor"
+    frozen_at: list[tuple[torch.Tensor, int]] = []  # each weight and its version when the graph was frozen
 
     def guarded_call(*args, **kwargs):
+        if freeze and not torch.is_grad_enabled():
+            if not frozen_at:
+                frozen_at.extend(_versions(model))
+            elif any(t._version != version for t, version in frozen_at):
+                # a frozen graph would silently go on with the old weights
+                raise RuntimeError(f"the weights of this {type(model).__name__} changed after it was compiled with "
+                                   "freeze=True, and a frozen graph keeps the weights it was built with; compile "
+                                   "without freeze while the model still trains, or compile a fresh copy after")
         for t in args:
             if isinstance(t, torch.Tensor):
                 for d in dynamic_dims:
@@ -82,6 +91,12 @@ def compile(model: nn.Module, mode: Literal["default", "reduce-overhead", "max-a
 
     model._compiled_call_impl = guarded_call
     return model
+
+
+def _versions(model: nn.Module) -> list[tuple[torch.Tensor, int]]:
+    """Each parameter and buffer with its version counter, which grows on every in-place change
+    (optimizer steps, load_state_dict). Inference tensors keep none, and cannot change in place."""
+    return [(t, t._version) for t in (*model.parameters(), *model.buffers()) if not t.is_inference()]
 
 
 def _freezing():
