@@ -120,8 +120,9 @@ def cast(model, dtype: str | torch.dtype = "bf16"):
     weights). Floating inputs that need full precision (e.g. diffusion timesteps) are better served by
     autocast. `cast(model, "fp32")` converts back (the bf16 rounding of the weights stays).
     """
-    target = _NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype
-    if not isinstance(target, torch.dtype) or not target.is_floating_point:
+    device = next(model.parameters(), torch.empty(0)).device
+    target = resolve_dtype(device, dtype)  # the names autocast takes, "auto" included
+    if not target.is_floating_point:
         raise ValueError(f"unknown precision {dtype!r}; choose bf16, fp16 or fp32")
     model.to(target)
     if target == torch.float32:
