@@ -89,7 +89,8 @@ def assert_same_weights(a, b, atol=0.0):
 
 
 def test_resume_is_exact(corpus, tmp_path):
-    common = [*TINY, "--data", corpus, "--steps", "12", "--eval-every", "6", "--dropout", "0.1"]
+    # --deterministic changes nothing on the CPU; here it checks that the flag is wired through
+    common = [*TINY, "--data", corpus, "--steps", "12", "--eval-every", "6", "--dropout", "0.1", "--deterministic"]
     run([*common, "--out", str(tmp_path / "full")])
     # the same run stopped after 6 steps: its checkpoint at step 6, then resumed in a new process
     run([*common, "--out", str(tmp_path / "half"), "--steps", "12", "--save-every", "6"])
@@ -102,6 +103,17 @@ def test_resume_is_exact(corpus, tmp_path):
     assert "resumed from" in result.stderr + result.stdout
     assert_same_weights(weights(tmp_path / "full"), weights(half))
     assert train_losses(tmp_path / "full") == train_losses(half)
+
+
+def test_extending_a_finished_run_follows_the_new_schedule(corpus, tmp_path):
+    common = [*TINY, "--data", corpus, "--eval-every", "3", "--dropout", "0"]
+    run([*common, "--steps", "6", "--out", str(tmp_path / "straight")])
+    run([*common, "--steps", "3", "--out", str(tmp_path / "extended")])
+    result = run([*common, "--steps", "6", "--out", str(tmp_path / "extended"), "--resume"])
+    assert "schedule now runs to step 6" in result.stderr + result.stdout
+    # the optimizer state saved at step 3 holds the 3-step schedule's final rate; step 4 must use the new one
+    assert train_losses(tmp_path / "extended") == train_losses(tmp_path / "straight")
+    assert_same_weights(weights(tmp_path / "extended"), weights(tmp_path / "straight"))
 
 
 def test_checkpoints_keep_last_k_and_sigterm_saves(corpus, tmp_path):

@@ -29,6 +29,7 @@ class TrainConfig:
     pretrained: str | None = None
     num_classes: int | None = None
     seed: int = 0
+    deterministic: bool = False  # deterministic kernels (CUDA: cuBLAS workspace, no atomics where avoidable)
     profile: bool = False
     eval_only: bool = False
     eval_every: int | None = None  # optimiser steps between evaluations; default: once per epoch
@@ -84,6 +85,8 @@ def add_train_args(parser: argparse.ArgumentParser, **defaults: Any) -> argparse
     g.add_argument("--pretrained", default=d["pretrained"], help="TAG | PATH | hf://owner/repo to start from")
     g.add_argument("--num-classes", type=int, default=d["num_classes"])
     g.add_argument("--seed", type=int, default=d["seed"])
+    g.add_argument("--deterministic", action="store_true", default=d["deterministic"],
+                   help="deterministic kernels, so CUDA runs and resumes repeat bit for bit (slower)")
     g.add_argument("--profile", action="store_true", help="profile a few steps, print top operators, exit")
     g.add_argument("--eval-only", action="store_true", help="evaluate --pretrained / --resume weights and exit")
     g.add_argument("--eval-every", type=int, default=d["eval_every"], metavar="STEPS")

@@ -70,6 +70,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def use_deterministic_kernels() -> None:
+    """Same inputs, same bits: on CUDA, kernels that add with atomics (index_add, scatter, some backward
+    passes) and cuBLAS's workspace choice can make two identical runs differ, and Adam turns tiny gradient
+    differences into lr-sized updates. Kernels with no deterministic version warn rather than stop the run."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: set it first
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+
+
 def decay_param_groups(model: nn.Module, weight_decay: float, lr: float | None = None) -> list[dict]:
     """AdamW groups: decay on weight matrices and kernels, none on norms, biases and other vectors."""
     decay, no_decay = [], []
@@ -227,6 +236,7 @@ class Trainer:
                 raise ValueError(f"{path} has no EMA weights but --ema was given; resume without --ema")
             self.ema.load_state_dict(state["ema"])
         self.scheduler.load_state_dict(trainer_state["scheduler"])
+        self._follow_schedule()
         self.scaler.load_state_dict(trainer_state["scaler"])
         self.step, self.epoch = trainer_state["step"], trainer_state["epoch"]
         self.skipped_steps = trainer_state.get("skipped_steps", 0)
@@ -236,6 +246,20 @@ class Trainer:
         if self.ctx.is_main:
             log.info("resumed from %s at step %d (epoch %d%s)", path, self.step, self.epoch,
                      "" if same_world else f", saved by {trainer_state['world_size']} processes")
+            saved = trainer_state["config"]
+            if (saved.get("steps"), saved.get("epochs")) != (self.cfg.steps, self.cfg.epochs):
+                log.info("the learning-rate schedule now runs to step %d (the saved run's ended sooner or later)",
+                         self.total_steps)
+
+    def _follow_schedule(self) -> None:
+        """Set each group's learning rate from this run's schedule at the resumed step. The optimizer state
+        holds the rate the saving run's schedule chose; when --steps/--epochs changed (a finished run
+        extended), the first step after resuming would otherwise still use the old schedule's rate."""
+        s = self.scheduler
+        lrs = [base * factor(s.last_epoch) for base, factor in zip(s.base_lrs, s.lr_lambdas)]
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        s._last_lr = lrs
 
     # ------------------------------------------------------------------ evaluation
 
@@ -479,6 +503,8 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
 def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str, Any]:
     """Set up, build the family's task, then evaluate, profile or train; returns the final metrics."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if cfg.deterministic:
+        use_deterministic_kernels()
     ctx = init_distributed(cfg.dist, cfg.device)
     if not ctx.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # one voice: rank 0
