@@ -52,8 +52,9 @@ class NoiseSchedule:
         return f"NoiseSchedule({self.kind!r}, steps={self.steps})"
 
     def alpha_bar(self, t: Tensor | int) -> Tensor:
-        """alpha-bar at integer t; t = -1 means 'clean data' (alpha-bar = 1)."""
-        t = torch.as_tensor(t, dtype=torch.long)
+        """alpha-bar at integer t; t = -1 means 'clean data' (alpha-bar = 1). The table stays on the CPU in
+        float64 (CUDA's float64 is slow), so timesteps from any device are looked up there."""
+        t = torch.as_tensor(t, dtype=torch.long).cpu()
         return torch.where(t >= 0, self.alphas_cumprod[t.clamp(min=0)], torch.ones((), dtype=torch.float64))
 
     def _coef(self, values: Tensor, like: Tensor) -> Tensor:

@@ -304,7 +304,8 @@ class BertClassifier(nn.Module):
         return ids, torch.ones_like(ids)
 
     def training_loss(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.loss(self(input_ids, attention_mask), torch.zeros(input_ids.shape[0], dtype=torch.long))
+        labels = torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+        return self.loss(self(input_ids, attention_mask), labels)
 
     def peer_model(self):
         """transformers' BertForSequenceClassification with the same weights, for the bench table."""

@@ -191,7 +191,8 @@ class UNet3d(nn.Module):
         """Dice + CE against an all-background target: a fixed training step for benchmarks."""
         out = self(x)
         logits = out[0] if isinstance(out, list) else out
-        return dice_ce_loss(logits, torch.zeros(logits.shape[0], *logits.shape[2:], dtype=torch.long))
+        background = torch.zeros(logits.shape[0], *logits.shape[2:], dtype=torch.long, device=logits.device)
+        return dice_ce_loss(logits, background)
 
 
 def dice_ce_loss(logits: Tensor, target: Tensor, *, dice_weight: float = 1.0, eps: float = 1e-5) -> Tensor:

@@ -1,0 +1,188 @@
+"""The families on one CUDA GPU, side by side with the peer library in the same process.
+
+Inference (ms per batch, CUDA-synchronised medians; ratios to zoo's eager fp32): eager fp32 (PyTorch's
+defaults: TF32 convolutions, fp32 matmuls), bf16 and fp16 autocast, bf16 weights (`zoo.accel.cast`),
+compiled bf16 weights with frozen parameters; the peer's eager fp32 and bf16 autocast. Training step
+(forward, loss, backward, fused AdamW): fp32, bf16 autocast, fp16 autocast with loss scaling, and peak
+GPU memory. For unet3d_seg: peak memory of a training step per activation-checkpointing policy.
+
+    python bench/gpu.py                       # all families
+    python bench/gpu.py bert_cls --no-compile
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import zoo
+from zoo.accel.amp import cast, grad_scaler, with_autocast
+from zoo.accel.compile import compile as zoo_compile
+
+# (registry config, example_inputs options, batch): sizes where a GPU is busy, not launch-bound
+SETUPS = {
+    "bert_cls": (dict(variant="minilm-l6", num_classes=2), dict(length=128), 256),
+    "effnetv2_cls": (dict(variant="s"), dict(size=224), 128),
+    "transformer_lm": ({}, {}, 64),
+    "unet3d_seg": ({}, dict(size=64), 2),
+    "diffusion_unet": ({}, {}, 256),
+}
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _reset_peak():
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_mb() -> float:
+    return torch.cuda.max_memory_allocated() / 2 ** 20 if torch.cuda.is_available() else float("nan")
+
+
+def cuda_time(fn, warmup=3, reps=10) -> float:
+    """Median seconds per call, synchronising the GPU around each one."""
+    for _ in range(warmup):
+        fn()
+    _sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _channels_last(model, inputs):
+    convs = [t for t in inputs if t.dim() in (4, 5)]
+    if not convs:
+        return model, inputs
+    fmt = torch.channels_last if convs[0].dim() == 4 else torch.channels_last_3d
+    return model.to(memory_format=fmt), tuple(t.to(memory_format=fmt) if t.dim() in (4, 5) else t for t in inputs)
+
+
+def inference_modes(device: str, compile_: bool):
+    yield "eager fp32", lambda m, x: (m, x)
+    yield "bf16 autocast", lambda m, x: (with_autocast(m, device, "bf16"), x)
+    yield "fp16 autocast", lambda m, x: (with_autocast(m, device, "fp16"), x)
+    yield "bf16 weights (cast)", lambda m, x: (cast(m, "bf16"), x)
+    if compile_:
+        def compiled(m, x):
+            m, x = _channels_last(m, x)
+            return zoo_compile(cast(m, "bf16"), freeze=True), x
+        yield "compile+bf16 weights (frozen)", compiled
+
+
+def loss_of(model, inputs):
+    if hasattr(model, "schedule"):  # diffusion: forward takes (x_t, t, labels), the loss (x0, labels)
+        return model.training_loss(inputs[0], inputs[2])
+    if hasattr(model, "training_loss"):
+        return model.training_loss(*inputs)
+    out = model(*inputs)
+    logits = out.logits if hasattr(out, "logits") else out
+    if logits.dim() > 2:
+        return logits.float().mean()
+    return F.cross_entropy(logits.float(), torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device))
+
+
+def train_step(model, inputs, amp: str, device: str):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    scaler = grad_scaler(device, amp)
+
+    def step():
+        with torch.autocast(device, dtype=torch.float16 if amp == "fp16" else torch.bfloat16, enabled=amp != "fp32"):
+            loss = loss_of(model, inputs)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def row(label, mode, seconds, batch, baseline):
+    return f"{label:<14} {mode:<32} {seconds * 1e3:9.2f} {batch / seconds:10.1f} {baseline / seconds:6.2f}x"
+
+
+def bench_family(name: str, device: str, compile_: bool, batch: int | None = None) -> None:
+    config, example, default_batch = SETUPS[name]
+    batch = batch or default_batch
+    torch.manual_seed(0)
+    model = zoo.load(name, **config).to(device).eval()
+    inputs = tuple(t.to(device) for t in model.example_inputs(batch, **example))
+    peer = model.peer_model() if hasattr(model, "peer_model") else None
+    shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
+    print(f"\n## {name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, inputs {shapes}")
+    print(f"{'model':<14} {'inference mode':<32} {'ms/batch':>9} {'items/s':>10} {'ratio':>7}")
+    baseline = None
+    for mode, build in inference_modes(device, compile_):
+        try:
+            runnable, x = build(copy.deepcopy(model), inputs)
+            with torch.inference_mode():
+                seconds = cuda_time(lambda: runnable(*x))
+        except Exception as e:  # a mode that does not apply is a row saying so
+            print(f"{'zoo':<14} {mode:<32} n/a: {type(e).__name__}: {str(e).splitlines()[0][:90]}")
+            continue
+        baseline = baseline or seconds
+        print(row("zoo", mode, seconds, batch, baseline))
+    if peer is not None:
+        label, peer_model = peer
+        peer_model = peer_model.to(device).eval()
+        autocast_peer = with_autocast(copy.deepcopy(peer_model), device, "bf16")
+        for mode, runnable in [("eager fp32", peer_model), ("bf16 autocast", autocast_peer)]:
+            with torch.inference_mode():
+                print(row(label, mode, cuda_time(lambda: runnable(*inputs)), batch, baseline))
+    print(f"{'model':<14} {'training step':<32} {'ms/step':>9} {'items/s':>10} {'ratio':>7} {'peak MB':>8}")
+    candidates = [("zoo", model)] + ([(peer[0], peer[1].to(device))] if peer is not None else [])
+    baseline = None
+    for label, m in candidates:
+        for amp in ("fp32", "bf16", "fp16"):
+            trainable = copy.deepcopy(m).train()
+            _reset_peak()
+            seconds = cuda_time(train_step(trainable, inputs, amp, device), warmup=2, reps=5)
+            peak = _peak_mb()
+            baseline = baseline or seconds
+            print(row(label, f"{amp}{' autocast' if amp != 'fp32' else ''}", seconds, batch, baseline)
+                  + f" {peak:8.0f}")
+            del trainable
+    if name == "unet3d_seg":
+        checkpointing_memory(config, inputs, device)
+
+
+def checkpointing_memory(config, inputs, device):
+    print(f"{'checkpointing':<20} {'ms/step':>9} {'peak MB':>8} (bf16 autocast)")
+    for policy in ("none", "selective", "blocks", "every_k"):
+        torch.manual_seed(0)
+        model = zoo.load("unet3d_seg", **config, checkpointing=policy).to(device).train()
+        _reset_peak()
+        seconds = cuda_time(train_step(model, inputs, "bf16", device), warmup=1, reps=3)
+        print(f"{policy:<20} {seconds * 1e3:9.1f} {_peak_mb():8.0f}")
+        del model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", default=list(SETUPS))
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--batch", type=int, default=None, help="override every family's batch (smoke runs)")
+    parser.add_argument("--device", default="cuda", help="cpu only to smoke-test this script")
+    args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("bench/gpu.py needs a CUDA GPU; bench/ has the CPU scripts")
+    print(f"{torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}; torch {torch.__version__}")
+    for name in args.names:
+        bench_family(name, args.device, compile_=not args.no_compile and name in ("bert_cls", "effnetv2_cls",
+                                                                                  "transformer_lm"),
+                     batch=args.batch)
+
+
+if __name__ == "__main__":
+    main()
