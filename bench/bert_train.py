@@ -4,11 +4,13 @@
     python bench/bert_train.py --hidden-dropout 0       # what the step costs without dropout's random numbers
 
 One step = forward, cross-entropy, backward, fused AdamW update, on the same weights and inputs for both
-libraries; medians after warm-up; every ratio is to transformers' eager fp32 step. Attention dropout is 0
+libraries; rows interleaved (one step of each per round), medians over rounds; ratios are to transformers'
+eager fp32 step within each round. Attention dropout is 0
 as in train_scripts/bert_cls.py (with it, SDPA falls back to its slow math kernel in both libraries).
 """
 import argparse
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -27,7 +29,7 @@ def main():
     parser.add_argument("--hidden-dropout", type=float, default=0.1)
     parser.add_argument("--attention-dropout", type=float, default=0.0)
     parser.add_argument("--no-compile", action="store_true")
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=7, help="rounds")
     args = parser.parse_args()
     torch.manual_seed(0)
     config = {"hidden_dropout": args.hidden_dropout, "attention_dropout": args.attention_dropout}
@@ -48,18 +50,31 @@ def main():
     if not args.no_compile:
         rows += [("zoo", "compile", zoo_model, False, True), ("zoo", "compile+bf16", zoo_model, True, True)]
     print(f"bert_cls training step, batch {args.batch} x {args.length} tokens, hidden dropout {args.hidden_dropout}, "
-          f"attention dropout {args.attention_dropout}, {torch.get_num_threads()} threads")
-    print(f"{'model':<14} {'mode':<16} {'s/step':>8} {'seq/s':>8} {'ratio':>7}")
-    baseline = None
+          f"attention dropout {args.attention_dropout}, {torch.get_num_threads()} threads; {args.reps} rounds, "
+          f"one step of each row per round")
+    steps = []
     for label, mode, build, bf16, compiled in rows:
         model = build()
         if compiled:
             model = zoo_compile(model)
-        seconds = time_call(train_step(model, inputs, labels, bf16), warmup=3 if compiled else 1, reps=args.reps)
-        baseline = baseline or seconds
-        print(f"{label:<14} {mode:<16} {seconds:8.3f} {args.batch / seconds:8.1f} {baseline / seconds:6.2f}x",
-              flush=True)
-
+        step = train_step(model, inputs, labels, bf16)
+        time_call(step, warmup=3 if compiled else 1, reps=1)  # warm-up (compilation)
+        steps.append(step)
+    # Interleaved: this machine's speed drifts by 20-30% within minutes, so every round times each row once
+    # and ratios are taken within a round, then the median over rounds.
+    times = [[] for _ in rows]
+    for _ in range(args.reps):
+        for i, step in enumerate(steps):
+            times[i].append(time_call(step, warmup=0, reps=1))
+    print(f"{'model':<14} {'mode':<16} {'s/step':>8} {'seq/s':>8} {'ratio':>7}")
+    for (label, mode, *_), ts in zip(rows, times):
+        ratio = statistics.median(t0 / t for t0, t in zip(times[0], ts))
+        seconds = statistics.median(ts)
+        print(f"{label:<14} {mode:<16} {seconds:8.3f} {args.batch / seconds:8.1f} {ratio:6.2f}x")
+    fp32, bf16 = times[2], times[3]
+    per_round = sorted(a / b for a, b in zip(fp32, bf16))
+    print(f"zoo bf16 autocast step vs zoo fp32 step, per round: median {statistics.median(per_round):.2f}x "
+          f"(range {per_round[0]:.2f}-{per_round[-1]:.2f})")
 
 if __name__ == "__main__":
     main()

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.blocks.attention import MultiHeadAttention
+from zoo.blocks.layers import Dropout
 from zoo.registry import register_model
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class BertEmbeddings(nn.Module):
         self.position = nn.Embedding(c.max_positions, c.hidden)
         self.token_type = nn.Embedding(c.type_vocab_size, c.hidden)
         self.norm = nn.LayerNorm(c.hidden, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.hidden_dropout)
+        self.dropout = Dropout(c.hidden_dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
         T = input_ids.shape[1]
@@ -99,7 +100,7 @@ class BertLayer(nn.Module):
         self.fc1 = nn.Linear(c.hidden, c.intermediate)
         self.fc2 = nn.Linear(c.intermediate, c.hidden)
         self.mlp_norm = nn.LayerNorm(c.hidden, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.hidden_dropout)
+        self.dropout = Dropout(c.hidden_dropout)
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         x = self.attn_norm(x + self.dropout(self.attn(x, key_padding_mask=key_padding_mask)))
@@ -136,7 +137,7 @@ class BertClassifier(nn.Module):
         super().__init__()
         self.config = c = config
         self.bert = BertEncoder(c)
-        self.dropout = nn.Dropout(c.classifier_dropout)
+        self.dropout = Dropout(c.classifier_dropout)
         self.head = nn.Linear(c.hidden, c.num_classes)
         self.apply(self._init)
 

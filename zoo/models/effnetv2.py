@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from zoo.blocks.layers import DropPath
+from zoo.blocks.layers import DropPath, Dropout
 from zoo.registry import register_model
 
 __all__ = ["EffNetV2Config", "EfficientNetV2", "Stage", "VARIANTS", "from_torchvision", "to_torchvision"]
@@ -182,7 +182,7 @@ class EfficientNetV2(nn.Module):
         self.stages = nn.ModuleList(stages)
         self.head_conv = ConvBnAct(cin, v.head, 1, **bn)
         self.num_features = v.head
-        self.dropout = nn.Dropout(v.dropout if c.drop_rate is None else c.drop_rate)
+        self.dropout = Dropout(v.dropout if c.drop_rate is None else c.drop_rate)
         self.head = nn.Linear(v.head, c.num_classes) if c.num_classes > 0 else nn.Identity()
         self._init_weights()
 

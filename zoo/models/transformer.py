@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.blocks.attention import KVCache, MultiHeadAttention
-from zoo.blocks.layers import RMSNorm, SwiGLU
+from zoo.blocks.layers import Dropout, RMSNorm, SwiGLU
 from zoo.registry import register_model
 
 __all__ = ["LMConfig", "TransformerLM"]
@@ -52,7 +52,7 @@ class Block(nn.Module):
                                        max_len=c.context)
         self.norm2 = RMSNorm(c.dim)
         self.mlp = SwiGLU(c.dim, c.mlp_hidden, dropout=c.dropout)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
         x = x + self.dropout(self.attn(self.norm1(x), cache=cache))
@@ -69,7 +69,7 @@ class TransformerLM(nn.Module):
         super().__init__()
         c = self.config = config
         self.embed = nn.Embedding(c.vocab_size, c.dim)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.norm = RMSNorm(c.dim)
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
