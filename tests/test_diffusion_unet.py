@@ -31,6 +31,21 @@ def test_class_conditioning_changes_the_prediction():
     assert torch.equal(model(x, t, None), model(x, t, torch.tensor([3, 3]))), "None is the 'no class' token"
 
 
+def test_bf16_weights_run_and_sample():
+    """zoo.accel.cast: the fp32 sinusoidal timestep embedding meets the bf16 time MLP in its dtype."""
+    import copy
+    model = zoo.load("diffusion_unet", **TINY).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    x, t, y = model.example_inputs(4)
+    bf16 = zoo.accel.cast(copy.deepcopy(model), "bf16")
+    with torch.no_grad():
+        out, reference = bf16(x, t, y), model(x, t, y)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, reference, atol=0.05 * reference.abs().max().item(), rtol=0.05)
+    assert bf16.sample(2, classes=[0, 1], steps=3).shape == (2, 1, 8, 8)
+
+
 @pytest.mark.parametrize("sampler", ["ddim", "ddpm", "dpm++"])
 def test_sample_range_shape_and_seed(sampler):
     model = zoo.load("diffusion_unet", **TINY)

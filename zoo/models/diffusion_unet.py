@@ -19,6 +19,7 @@ from zoo.blocks.attention import MultiHeadAttention
 from zoo.blocks.diffusion import (DDIMSampler, DDPMSampler, DPMSolverPP2M, NoiseSchedule, classifier_free_guidance,
                                   diffusion_loss, sample)
 from zoo.blocks.embeddings import timestep_embedding
+from zoo.blocks.layers import Dropout
 from zoo.registry import register_model
 
 __all__ = ["DiffusionConfig", "DiffusionUNet"]
@@ -55,7 +56,7 @@ class ResBlock(nn.Module):
         self.norm1, self.conv1 = nn.GroupNorm(groups, cin), nn.Conv2d(cin, cout, 3, padding=1)
         self.emb = nn.Linear(emb, cout)
         self.norm2, self.conv2 = nn.GroupNorm(groups, cout), nn.Conv2d(cout, cout, 3, padding=1)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
         nn.init.zeros_(self.conv2.weight)  # each block starts as the identity: stable early training
         nn.init.zeros_(self.conv2.bias)
@@ -145,7 +146,9 @@ class DiffusionUNet(nn.Module):
 
     def forward(self, x: Tensor, t: Tensor, y: Tensor | None = None) -> Tensor:
         """x (B, C, H, W) in [-1, 1] at timestep t (B,), class y (B,) or None -> prediction (B, C, H, W)."""
-        emb = self.time_mlp(timestep_embedding(t, self.config.widths[0]))
+        # the sinusoid is computed in fp32 (bf16 angles would be coarse), then meets the MLP in its weights'
+        # dtype, so a model cast to bf16 (zoo.accel.cast) runs too
+        emb = self.time_mlp(timestep_embedding(t, self.config.widths[0]).to(self.time_mlp[0].weight.dtype))
         if self.class_embed is not None:
             if y is None:
                 y = torch.full((x.shape[0],), self.config.num_classes, device=x.device, dtype=torch.long)
