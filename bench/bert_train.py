@@ -5,8 +5,8 @@
 
 One step = forward, cross-entropy, backward, fused AdamW update, on the same weights and inputs for both
 libraries; rows interleaved (one step of each per round), medians over rounds; ratios are to transformers'
-eager fp32 step within each round. Attention dropout is 0
-as in train_scripts/bert_cls.py (with it, SDPA falls back to its slow math kernel in both libraries).
+eager fp32 step within each round. Attention dropout is 0 as in train_scripts/bert_cls.py (with it, SDPA
+falls back to its slow math kernel in both libraries).
 """
 import argparse
 import os
@@ -75,6 +75,7 @@ def main():
     per_round = sorted(a / b for a, b in zip(fp32, bf16))
     print(f"zoo bf16 autocast step vs zoo fp32 step, per round: median {statistics.median(per_round):.2f}x "
           f"(range {per_round[0]:.2f}-{per_round[-1]:.2f})")
+
 
 if __name__ == "__main__":
     main()

@@ -39,11 +39,11 @@ def exact_fp32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
-def family(name, batch=2):
+def family(name, device="cpu", batch=2):
     config, example = FAMILIES[name]
     torch.manual_seed(0)
     model = zoo.load(name, **config)
-    return model, model.example_inputs(batch, **example)
+    return model.to(device), to(model.example_inputs(batch, **example), device)
 
 
 def to(inputs, device):
@@ -83,9 +83,8 @@ def test_cuda_forward_and_gradients_match_the_cpu(name):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_fp16_autocast_steps_with_loss_scaling(name):
-    model, inputs = family(name)
-    model = model.cuda().train()
-    inputs = to(inputs, "cuda")
+    model, inputs = family(name, "cuda")
+    model.train()
     reference = loss_of(model, inputs).item()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = grad_scaler("cuda", "fp16")
@@ -113,9 +112,8 @@ def test_fp16_autocast_steps_with_loss_scaling(name):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_compile_on_cuda_matches_eager(name):
-    model, inputs = family(name)
-    model = model.cuda().eval()
-    inputs = to(inputs, "cuda")
+    model, inputs = family(name, "cuda")
+    model.eval()
     with torch.no_grad():
         eager = first(model(*inputs))
         compiled = zoo.accel.compile(copy.deepcopy(model), freeze=True, strict=True)
@@ -123,9 +121,8 @@ def test_compile_on_cuda_matches_eager(name):
 
 
 def test_compiled_training_step_on_cuda_matches_eager():
-    model, inputs = family("transformer_lm")
-    model = model.cuda().train()
-    inputs = to(inputs, "cuda")
+    model, inputs = family("transformer_lm", "cuda")
+    model.train()
     compiled = zoo.accel.compile(copy.deepcopy(model), strict=True)
     loss_of(model, inputs).backward()
     loss_of(compiled, inputs).backward()
@@ -135,9 +132,8 @@ def test_compiled_training_step_on_cuda_matches_eager():
 
 @pytest.mark.parametrize("name", ["bert_cls", "effnetv2_cls"])
 def test_bf16_weights_on_cuda(name):
-    model, inputs = family(name)
-    model = model.cuda().eval()
-    inputs = to(inputs, "cuda")
+    model, inputs = family(name, "cuda")
+    model.eval()
     with torch.no_grad():
         reference = first(model(*inputs))
         out = first(zoo.accel.cast(copy.deepcopy(model), "bf16")(*inputs))
@@ -163,9 +159,8 @@ def test_attention_on_cuda_matches_fp32_on_the_cpu(dtype, options):
 
 
 def test_activation_checkpointing_on_cuda_gives_the_same_gradients():
-    model, inputs = family("unet3d_seg")
-    model = model.cuda().train()
-    inputs = to(inputs, "cuda")
+    model, inputs = family("unet3d_seg", "cuda")
+    model.train()
 
     def grads():
         model.zero_grad()
