@@ -117,8 +117,9 @@ def cast(model, dtype: str | torch.dtype = "bf16"):
     casts per call, BatchNorm folded into bf16 convolutions, half the bytes through activations), BERT
     about the same; the weights take half the memory either way. Norm statistics are then
     computed in bf16 as well, so check the accuracy on your data (the model cards list it for the shipped
-    weights). Floating inputs that need full precision (e.g. diffusion timesteps) are better served by
-    autocast. `cast(model, "fp32")` converts back (the bf16 rounding of the weights stays).
+    weights). Every floating input is cast, so a model that needs some input in full precision (e.g.
+    fractional diffusion timesteps; zoo's diffusion_unet takes integer ones) is better served by autocast.
+    `cast(model, "fp32")` converts back (the bf16 rounding of the weights stays).
     """
     device = next(model.parameters(), torch.empty(0)).device
     target = resolve_dtype(device, dtype)  # the names autocast takes, "auto" included
