@@ -143,15 +143,20 @@ def bench_family(name: str, device: str, compile_: bool, batch: int | None = Non
     print(f"{'model':<14} {'training step':<32} {'ms/step':>9} {'items/s':>10} {'ratio':>7} {'peak MB':>8}")
     candidates = [("zoo", model)] + ([(peer[0], peer[1].to(device))] if peer is not None else [])
     baseline = None
+    conv = any(t.dim() in (4, 5) for t in inputs)
+    # conv nets train with --channels-last in their train script: measure that too (tensor-core layouts)
+    modes = [("fp32", False), ("bf16", False), ("fp16", False)] + ([("bf16", True)] if conv else [])
     for label, m in candidates:
-        for amp in ("fp32", "bf16", "fp16"):
-            trainable = copy.deepcopy(m).train()
+        for amp, channels_last in modes:
+            trainable, x = copy.deepcopy(m).train(), inputs
+            if channels_last:
+                trainable, x = _channels_last(trainable, inputs)
             _reset_peak()
-            seconds = cuda_time(train_step(trainable, inputs, amp, device), warmup=2, reps=5)
+            seconds = cuda_time(train_step(trainable, x, amp, device), warmup=2, reps=5)
             peak = _peak_mb()
             baseline = baseline or seconds
-            print(row(label, f"{amp}{' autocast' if amp != 'fp32' else ''}", seconds, batch, baseline)
-                  + f" {peak:8.0f}")
+            mode = f"{amp}{' autocast' if amp != 'fp32' else ''}{' + channels_last' if channels_last else ''}"
+            print(row(label, mode, seconds, batch, baseline) + f" {peak:8.0f}")
             del trainable
     if name == "unet3d_seg":
         checkpointing_memory(config, inputs, device)
