@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
 
 import torch
-import torch.nn.functional as F
 
 import zoo
 from zoo.accel.amp import cast, grad_scaler, with_autocast
+from zoo.accel.bench import _channels_last, _has_conv, example_loss, time_call
 from zoo.accel.compile import compile as zoo_compile
 
 # (registry config, example_inputs options, batch): sizes where a GPU is busy, not launch-bound
@@ -33,11 +31,6 @@ SETUPS = {
 }
 
 
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def _reset_peak():
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -48,28 +41,6 @@ def _peak_mb() -> float:
     return torch.cuda.max_memory_allocated() / 2 ** 20 if torch.cuda.is_available() else float("nan")
 
 
-def cuda_time(fn, warmup=3, reps=10) -> float:
-    """Median seconds per call, synchronising the GPU around each one."""
-    for _ in range(warmup):
-        fn()
-    _sync()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        _sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _channels_last(model, inputs):
-    convs = [t for t in inputs if t.dim() in (4, 5)]
-    if not convs:
-        return model, inputs
-    fmt = torch.channels_last if convs[0].dim() == 4 else torch.channels_last_3d
-    return model.to(memory_format=fmt), tuple(t.to(memory_format=fmt) if t.dim() in (4, 5) else t for t in inputs)
-
-
 def inference_modes(device: str, compile_: bool):
     yield "eager fp32", lambda m, x: (m, x)
     yield "bf16 autocast", lambda m, x: (with_autocast(m, device, "bf16"), x)
@@ -77,21 +48,10 @@ def inference_modes(device: str, compile_: bool):
     yield "bf16 weights (cast)", lambda m, x: (cast(m, "bf16"), x)
     if compile_:
         def compiled(m, x):
-            m, x = _channels_last(m, x)
+            if _has_conv(m):
+                m, x = _channels_last(m, x)
             return zoo_compile(cast(m, "bf16"), freeze=True), x
         yield "compile+bf16 weights (frozen)", compiled
-
-
-def loss_of(model, inputs):
-    if hasattr(model, "schedule"):  # diffusion: forward takes (x_t, t, labels), the loss (x0, labels)
-        return model.training_loss(inputs[0], inputs[2])
-    if hasattr(model, "training_loss"):
-        return model.training_loss(*inputs)
-    out = model(*inputs)
-    logits = out.logits if hasattr(out, "logits") else out
-    if logits.dim() > 2:
-        return logits.float().mean()
-    return F.cross_entropy(logits.float(), torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device))
 
 
 def train_step(model, inputs, amp: str, device: str):
@@ -100,7 +60,7 @@ def train_step(model, inputs, amp: str, device: str):
 
     def step():
         with torch.autocast(device, dtype=torch.float16 if amp == "fp16" else torch.bfloat16, enabled=amp != "fp32"):
-            loss = loss_of(model, inputs)
+            loss = example_loss(model, inputs)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
@@ -127,7 +87,7 @@ def bench_family(name: str, device: str, compile_: bool, batch: int | None = Non
         try:
             runnable, x = build(copy.deepcopy(model), inputs)
             with torch.inference_mode():
-                seconds = cuda_time(lambda: runnable(*x))
+                seconds = time_call(lambda: runnable(*x), warmup=3, reps=10)
         except Exception as e:  # a mode that does not apply is a row saying so
             print(f"{'zoo':<14} {mode:<32} n/a: {type(e).__name__}: {str(e).splitlines()[0][:90]}")
             continue
@@ -139,7 +99,7 @@ def bench_family(name: str, device: str, compile_: bool, batch: int | None = Non
         autocast_peer = with_autocast(copy.deepcopy(peer_model), device, "bf16")
         for mode, runnable in [("eager fp32", peer_model), ("bf16 autocast", autocast_peer)]:
             with torch.inference_mode():
-                print(row(label, mode, cuda_time(lambda: runnable(*inputs)), batch, baseline))
+                print(row(label, mode, time_call(lambda: runnable(*inputs), warmup=3, reps=10), batch, baseline))
     print(f"{'model':<14} {'training step':<32} {'ms/step':>9} {'items/s':>10} {'ratio':>7} {'peak MB':>8}")
     candidates = [("zoo", model)] + ([(peer[0], peer[1].to(device))] if peer is not None else [])
     baseline = None
@@ -152,7 +112,7 @@ def bench_family(name: str, device: str, compile_: bool, batch: int | None = Non
             if channels_last:
                 trainable, x = _channels_last(trainable, inputs)
             _reset_peak()
-            seconds = cuda_time(train_step(trainable, x, amp, device), warmup=2, reps=5)
+            seconds = time_call(train_step(trainable, x, amp, device), warmup=2, reps=5)
             peak = _peak_mb()
             baseline = baseline or seconds
             mode = f"{amp}{' autocast' if amp != 'fp32' else ''}{' + channels_last' if channels_last else ''}"
@@ -168,7 +128,7 @@ def checkpointing_memory(config, inputs, device):
         torch.manual_seed(0)
         model = zoo.load("unet3d_seg", **config, checkpointing=policy).to(device).train()
         _reset_peak()
-        seconds = cuda_time(train_step(model, inputs, "bf16", device), warmup=1, reps=3)
+        seconds = time_call(train_step(model, inputs, "bf16", device), warmup=1, reps=3)
         print(f"{policy:<20} {seconds * 1e3:9.1f} {_peak_mb():8.0f}")
         del model
 

@@ -7,10 +7,10 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import zoo
 from zoo.accel.amp import autocast, grad_scaler
+from zoo.accel.bench import example_loss
 from zoo.blocks.attention import attention
 
 from .test_train import TINY, corpus, run, torchrun, train_losses  # noqa: F401 (corpus is a fixture)
@@ -55,13 +55,8 @@ def first(out):
 
 
 def loss_of(model, inputs):
-    if hasattr(model, "schedule"):  # diffusion: forward takes (x_t, t, labels), the loss (x0, labels)
-        torch.manual_seed(1)  # it draws t and noise
-        return model.training_loss(inputs[0], inputs[2])
-    if hasattr(model, "training_loss"):
-        return model.training_loss(*inputs)
-    logits = first(model(*inputs))
-    return F.cross_entropy(logits.float(), torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device))
+    torch.manual_seed(1)  # the diffusion loss draws t and noise: the same draws for each call
+    return example_loss(model, inputs)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

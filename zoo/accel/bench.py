@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -26,20 +26,39 @@ from torch import nn
 from zoo.accel.amp import cast, with_autocast
 from zoo.accel.compile import compile as zoo_compile
 
-__all__ = ["time_call", "matmul_peak_gflops", "count_flops", "Variant", "variants_for", "bench_rows", "train_step",
+__all__ = ["time_call", "example_loss", "matmul_peak_gflops", "count_flops", "Variant", "variants_for", "bench_rows", "train_step",
            "format_table", "main"]
 
 
 def time_call(fn: Callable[[], object], *, warmup: int = 2, reps: int = 5, min_time: float = 0.0) -> float:
-    """Median seconds per call after warm-up (the first compiled calls are warm-up)."""
+    """Median seconds per call after warm-up (the first compiled calls are warm-up); on a machine where
+    CUDA is in use, each call is timed to the end of its GPU work."""
     for _ in range(warmup):
         fn()
+    _cuda_sync()
     times = []
     while len(times) < reps or sum(times) < min_time:
         t0 = time.perf_counter()
         fn()
+        _cuda_sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _cuda_sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def example_loss(model: nn.Module, inputs: tuple) -> torch.Tensor:
+    """The loss of a training step on `model.example_inputs(...)`: the model's `example_loss` where its
+    example inputs are not its training_loss's arguments, else its `training_loss`, else the mean output
+    (of `.logits` for transformers-style outputs)."""
+    for method in ("example_loss", "training_loss"):
+        if hasattr(model, method):
+            return getattr(model, method)(*inputs)
+    out = model(*inputs)
+    return (out.logits if hasattr(out, "logits") else out).float().mean()
 
 
 def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048) -> float:
@@ -144,7 +163,7 @@ def train_step_peak_mb(name: str, batch: int, checkpointing: str = "none", amp: 
     """Peak RSS growth (MiB) and time (s) of one training step, in a fresh process (method: BASELINES.md).
 
     `name` is a registry model, or "module:function" for a peer: function(batch, **example) returns
-    (model, inputs), the model with a `training_loss(*inputs)` or an output whose mean is the loss."""
+    (model, inputs), the loss as `example_loss` takes it."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0",
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
@@ -175,7 +194,7 @@ def _train_step_child(name: str, batch: int, checkpointing: str, amp: str, confi
 
     def step():
         with autocast("cpu", "bf16" if amp == "bf16" else "fp32"):
-            out = model.training_loss(*inputs) if hasattr(model, "training_loss") else model(*inputs).float().mean()
+            out = example_loss(model, inputs)
         out.backward()
         model.zero_grad(set_to_none=True)
 

@@ -174,6 +174,11 @@ class DiffusionUNet(nn.Module):
         return diffusion_loss(lambda x, t: self(x, t, y), x0, self.schedule, prediction=c.prediction,
                               generator=generator)
 
+    def example_loss(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
+        """training_loss on example_inputs(), which are forward's (x_t, t, y): x serves as the clean image
+        and the loss draws its own t."""
+        return self.training_loss(x.clamp(-1, 1), y)
+
     # ------------------------------------------------------------------ sampling
 
     def sampler(self, name: str = "ddim", steps: int = 50, eta: float = 0.0):
