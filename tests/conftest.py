@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from zoo.models.base import ZooModel
 from zoo.registry import register_model, unregister_model
 
 TINY = "tiny_test_cls"
@@ -20,7 +21,7 @@ class TinyConfig:
     num_classes: int = 3
 
 
-class TinyNet(nn.Module):
+class TinyNet(ZooModel):
     """A two-layer classifier for machinery tests."""
     head_prefixes = ("head.",)
 
@@ -34,6 +35,9 @@ class TinyNet(nn.Module):
     @property
     def checkpoint_blocks(self):
         return [self.body]
+
+    def example_inputs(self, batch: int = 2):
+        return (torch.randn(batch, self.config.in_features, generator=torch.Generator().manual_seed(0)),)
 
     def forward(self, x):
         return self.head(self.norm(self.body(x)))

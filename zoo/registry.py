@@ -33,7 +33,8 @@ _REGISTRY: dict[str, ModelEntry] = {}
 
 def register_model(name: str, *, config: type, weights: dict[str, str] | None = None,
                    default: str | None = None, description: str = ""):
-    """Class decorator: register `cls` under `name`, built as `cls(config_instance)`."""
+    """Class decorator: register `cls` (a `zoo.models.base.ZooModel` with the required hooks) under `name`,
+    built as `cls(config_instance)`."""
     if not dataclasses.is_dataclass(config):
         raise TypeError(f"config for {name!r} must be a dataclass, got {config!r}")
     weights = dict(weights or {})
@@ -41,6 +42,8 @@ def register_model(name: str, *, config: type, weights: dict[str, str] | None = 
         raise ValueError(f"default weights {default!r} of {name!r} is not one of {sorted(weights)}")
 
     def decorator(cls):
+        from zoo.models.base import check_contract
+        check_contract(cls)
         if name in _REGISTRY:
             raise ValueError(f"model {name!r} is already registered (by {_REGISTRY[name].model_cls.__qualname__})")
         _REGISTRY[name] = ModelEntry(name, cls, config, weights, default,
@@ -73,9 +76,10 @@ def get_entry(name: str) -> ModelEntry:
 
 
 def entry_for_model(model) -> ModelEntry:
-    """The registry entry of a model instance (unwrapping torch.compile)."""
-    model = getattr(model, "_orig_mod", model)
-    name = getattr(type(model), "zoo_name", None)
+    """The registry entry of a model instance (unwrapping torch.compile and DDP)."""
+    from zoo.models.base import ZooModel, unwrap
+    model = unwrap(model)
+    name = type(model).zoo_name if isinstance(model, ZooModel) else None
     if name is None or name not in _REGISTRY:
         raise ValueError(f"{type(model).__qualname__} is not a registered zoo model; "
                          "register it with @zoo.register_model")

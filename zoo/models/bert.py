@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from zoo.blocks.attention import MultiHeadAttention
 from zoo.blocks.layers import Dropout
+from zoo.models.base import ZooModel
 from zoo.registry import register_model
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class BertEncoder(nn.Module):
 
 @register_model("bert_cls", config=BertConfig, weights={"sst2": "bert_cls.sst2.safetensors"}, default="sst2",
                 description="BERT-family text classifier (loads Hugging Face BERT checkpoints)")
-class BertClassifier(nn.Module):
+class BertClassifier(ZooModel):
     """BERT encoder + pooling + classification head."""
     head_prefixes = ("head.",)
     variants = PRESETS

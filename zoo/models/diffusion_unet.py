@@ -20,6 +20,7 @@ from zoo.blocks.diffusion import (DDIMSampler, DDPMSampler, DPMSolverPP2M, Noise
                                   diffusion_loss, sample)
 from zoo.blocks.embeddings import timestep_embedding
 from zoo.blocks.layers import Dropout
+from zoo.models.base import ZooModel
 from zoo.registry import register_model
 
 __all__ = ["DiffusionConfig", "DiffusionUNet"]
@@ -97,7 +98,7 @@ class Level(nn.Module):
 
 @register_model("diffusion_unet", config=DiffusionConfig, weights={"digits": "diffusion_unet.digits.safetensors"},
                 default="digits", description="Class-conditional diffusion UNet with DDPM/DDIM/DPM-Solver++ sampling and guidance")
-class DiffusionUNet(nn.Module):
+class DiffusionUNet(ZooModel):
     """UNet denoiser + noise schedule + samplers."""
     head_prefixes = ("class_embed.",)  # a new num_classes re-initialises the class embedding
 

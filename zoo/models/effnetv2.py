@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.blocks.layers import DropPath, Dropout
+from zoo.models.base import ZooModel
 from zoo.registry import register_model
 
 __all__ = ["EffNetV2Config", "EfficientNetV2", "Stage", "VARIANTS", "from_torchvision", "to_torchvision"]
@@ -157,7 +158,7 @@ class MBConv(nn.Module):
 @register_model("effnetv2_cls", config=EffNetV2Config, weights={"cifar10": "effnetv2_cls.cifar10.safetensors"},
                 default="cifar10",
                 description="EfficientNetV2 image classifier (b0-b3, s/m/l; torchvision weight interop)")
-class EfficientNetV2(nn.Module):
+class EfficientNetV2(ZooModel):
     """EfficientNetV2 classifier."""
     head_prefixes = ("head.",)
     variants = VARIANTS

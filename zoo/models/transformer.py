@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from zoo.blocks.attention import KVCache, MultiHeadAttention
 from zoo.blocks.layers import Dropout, RMSNorm, SwiGLU
+from zoo.models.base import ZooModel
 from zoo.registry import register_model
 
 __all__ = ["LMConfig", "TransformerLM"]
@@ -62,7 +63,7 @@ class Block(nn.Module):
 @register_model("transformer_lm", config=LMConfig, weights={"tinyshakespeare": "transformer_lm.tinyshakespeare.safetensors"},
                 default="tinyshakespeare", description="Decoder-only Transformer LM (RoPE, SwiGLU, "
                 "RMSNorm, GQA, sliding-window) with KV-cached generation")
-class TransformerLM(nn.Module):
+class TransformerLM(ZooModel):
     """Decoder-only Transformer language model."""
 
     def __init__(self, config: LMConfig = LMConfig()):

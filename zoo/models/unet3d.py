@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.models.base import ZooModel
 from zoo.registry import register_model
 
 __all__ = ["UNet3dConfig", "UNet3d", "ResBlock3d", "dice_ce_loss", "dice_per_class"]
@@ -78,7 +79,7 @@ class ResBlock3d(nn.Module):
 @register_model("unet3d_seg", config=UNet3dConfig, weights={"synthetic": "unet3d_seg.synthetic.safetensors"},
                 default="synthetic",
                 description="Deep 3D UNet for volumetric segmentation (checkpointing, sliding-window inference)")
-class UNet3d(nn.Module):
+class UNet3d(ZooModel):
     """Residual 3D UNet."""
     head_prefixes = ("head.", "aux_heads.")
     variants = PRESETS

@@ -1,0 +1,117 @@
+"""The contract between a model family and the shared code (`zoo.load`, `zoo.save`, `zoo.accel`, `zoo.train`,
+the CLI, the cards, the bench harness and the conformance battery in tests/test_families.py).
+
+A family's model class subclasses `ZooModel` and is registered with `@register_model`, which refuses a
+class that does not implement the required hooks. Shared code calls these hooks and nothing else on a
+model: no `getattr(model, "<hook>", default)` probing, so a family cannot silently miss a capability.
+
+Required (no default; registration fails without them):
+    __init__(config)                 build from one frozen config dataclass, kept as `self.config`
+    example_inputs(batch, ...)       a tuple of tensors that `forward` takes (tests, bench, export, compile)
+    checkpoint_blocks                the repeated blocks, for activation checkpointing and FSDP sharding
+
+Optional (the defaults below are right for a family that does not override them):
+    head_prefixes                    state-dict key prefixes of the task head (re-initialised for a new
+                                     num_classes, or when a foreign checkpoint has no head)
+    variants                         named presets of the config (listed by `zoo info` and the cards)
+    bench_batch                      the batch `zoo bench` uses by default
+    external_weights                 pretrained tags served by another library's API (e.g. "torchvision")
+    convert_foreign(sd, folder)      map a state dict that is not zoo's own (no zoo metadata) to zoo keys
+    example_loss(*example_inputs)    a scalar loss for one training step on example_inputs()
+    reset_head(num_classes)          a new task head
+    labels                           class names (from the weights' metadata, else "0".."n-1")
+
+Set by zoo, not by the family: `zoo_name` (registration) and `pretrained_meta` (`zoo.load`/`zoo.save`).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from zoo.weights import WeightsMeta
+
+__all__ = ["ZooModel", "REQUIRED_HOOKS", "check_contract", "unwrap"]
+
+REQUIRED_HOOKS = ("example_inputs", "checkpoint_blocks")
+
+# tag -> function(config) -> (state_dict in zoo's keys, WeightsMeta)
+ExternalWeights = Mapping[str, Callable[[Any], "tuple[dict[str, Tensor], WeightsMeta]"]]
+
+
+class ZooModel(nn.Module):
+    """Base class of every registered family; see the module docstring for the contract."""
+
+    zoo_name: ClassVar[str]  # set by @register_model
+    head_prefixes: ClassVar[tuple[str, ...]] = ()
+    variants: ClassVar[Mapping[str, Any]] = {}
+    bench_batch: ClassVar[int] = 8
+    external_weights: ClassVar[ExternalWeights] = {}
+
+    config: Any
+    pretrained_meta: WeightsMeta | None = None  # the metadata of the weights loaded or last saved
+
+    # ------------------------------------------------------------------ required
+
+    def example_inputs(self, batch: int = 2) -> tuple[Tensor, ...]:
+        """Inputs of `forward` for a batch of `batch` examples, deterministic (seeded), on the CPU."""
+        raise NotImplementedError
+
+    @property
+    def checkpoint_blocks(self) -> list[nn.Module]:
+        """The blocks `zoo.accel.checkpointing` wraps and FSDP shards one by one."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ optional
+
+    @classmethod
+    def convert_foreign(cls, state_dict: dict[str, Tensor], folder: Path | None
+                        ) -> tuple[dict[str, Tensor], dict[str, Any] | None]:
+        """A state dict without zoo metadata (another library's checkpoint) in zoo's keys, and the config
+        values it implies (None: the caller's config). The default takes it as zoo's own layout."""
+        return state_dict, None
+
+    def example_loss(self, *inputs: Tensor) -> Tensor:
+        """A scalar loss of one training step on `example_inputs()`; the default is the mean output."""
+        out = self(*inputs)
+        out = out[0] if isinstance(out, (list, tuple)) else out
+        return out.float().mean()
+
+    def reset_head(self, num_classes: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no task head to replace")
+
+    @property
+    def labels(self) -> list[str]:
+        """Class names from the loaded weights' metadata, else "0".."num_classes-1"."""
+        meta = self.pretrained_meta
+        if meta is not None and meta.labels:
+            return list(meta.labels)
+        return [str(i) for i in range(getattr(self.config, "num_classes", 0))]
+
+
+def check_contract(cls: type) -> None:
+    """Raise TypeError naming what `cls` lacks to be registered as a zoo family."""
+    if not (isinstance(cls, type) and issubclass(cls, ZooModel)):
+        raise TypeError(f"{getattr(cls, '__qualname__', cls)!r} must subclass zoo.models.base.ZooModel "
+                        "(the contract the shared code calls; see zoo/models/base.py)")
+    missing = [hook for hook in REQUIRED_HOOKS if getattr(cls, hook) is getattr(ZooModel, hook)]
+    if missing:
+        raise TypeError(f"{cls.__qualname__} does not implement the required hook(s) {', '.join(missing)} "
+                        "of zoo.models.base.ZooModel")
+    if not isinstance(cls.head_prefixes, tuple):
+        raise TypeError(f"{cls.__qualname__}.head_prefixes must be a tuple of key prefixes")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model under torch.compile's OptimizedModule and DDP's wrapper (FSDP2 wraps in place)."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif "_orig_mod" in model._modules:
+            model = model._modules["_orig_mod"]
+        else:
+            return model
+
