@@ -1,5 +1,6 @@
 import json
 import os
+import sys
 import warnings
 
 import pytest
@@ -254,3 +255,140 @@ def test_no_partial_file_left_on_failure(tiny, tmp_path, monkeypatch):
         zoo.save(zoo.load(tiny, hidden=16), path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"], "temporary file cleaned up"
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+def _file_meta(path):
+    from zoo.weights import read_weights
+    return read_weights(path)[1]
+
+
+def test_fine_tuned_shipped_bert_records_its_own_run_and_its_parent(tmp_path):
+    """Issue 15 acceptance: one step on the SST-2 weights, then save: the file tells the new run, not the old."""
+    from zoo.weights import read_manifest
+    model = zoo.load("bert_cls", pretrained=True)
+    shipped = model.pretrained_meta
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    model.example_loss(*model.example_inputs(batch=2, length=8)).backward()
+    opt.step()
+    path = tmp_path / "tuned.safetensors"
+    zoo.save(model, path, {"metrics": {"accuracy": 0.5}, "command": "finetune --steps 1"})
+    meta = _file_meta(path)
+    assert meta.command == "finetune --steps 1" and meta.metrics == {"accuracy": 0.5}
+    assert meta.dataset == "" and meta.extra == {}, "the shipped run's data set and details are not this run's"
+    assert meta.parent == {"sha256": read_manifest()["bert_cls.sst2.safetensors"]["sha256"],
+                           "source": "bert_cls.sst2", "parent": None}
+    assert meta.labels == shipped.labels and meta.preprocessing == shipped.preprocessing, "the model's own"
+
+
+def test_save_of_shipped_weights_drops_run_metadata(tiny_shipped, tmp_path):
+    _, weights_dir = tiny_shipped
+    model = zoo.load("tiny_test_cls", pretrained=True)
+    meta = zoo.save(model, tmp_path / "m.safetensors", {"metrics": {"loss": 1.0}})
+    assert meta.metrics == {"loss": 1.0} and meta.dataset == ""
+    assert meta.command.split()[0] == os.path.basename(sys.argv[0]), "defaults to this command line"
+    assert meta.labels == ["a", "b", "c"]
+    manifest = json.loads((weights_dir / "manifest.json").read_text())
+    assert meta.parent["sha256"] == manifest["tiny.v1.safetensors"]["sha256"]
+    assert meta.parent["source"] == "tiny_test_cls.v1"
+
+
+def test_provenance_is_a_chain(tiny, tmp_path):
+    from zoo.weights import file_sha256
+    first, second, third = (tmp_path / f"{n}.safetensors" for n in ("first", "second", "third"))
+    assert zoo.save(zoo.load(tiny), first).parent is None, "trained from scratch"
+    zoo.save(zoo.load(tiny, pretrained=first), second, {"command": "step 2"})
+    folder = zoo.save_pretrained(zoo.load(tiny, pretrained=second), tmp_path / "third")
+    meta = _file_meta(folder / "model.safetensors")
+    assert meta.parent["source"] == str(second) and meta.parent["sha256"] == file_sha256(second)
+    assert meta.parent["parent"] == {"sha256": file_sha256(first), "source": str(first), "parent": None}
+    assert f"- trained from: `{second}` (sha256 {file_sha256(second)})" in (folder / "README.md").read_text()
+    # saving twice from one model: the second file descends from the first
+    model = zoo.load(tiny)
+    zoo.save(model, first)
+    assert zoo.save(model, third).parent["sha256"] == file_sha256(first)
+
+
+def test_new_head_keeps_parent_and_preprocessing_but_not_labels(tiny, tmp_path):
+    zoo.save(zoo.load(tiny), tmp_path / "m.safetensors", {"labels": ["a", "b", "c"], "preprocessing": {"scale": 2}})
+    with pytest.warns(UserWarning, match="head re-initialised"):
+        model = zoo.load(tiny, pretrained=tmp_path / "m.safetensors", num_classes=5)
+    meta = zoo.save(model, tmp_path / "new.safetensors")
+    assert meta.labels is None and meta.preprocessing == {"scale": 2}
+    assert meta.parent["source"] == str(tmp_path / "m.safetensors")
+
+
+def test_file_without_parent_field_loads(tiny, tmp_path):
+    from safetensors.torch import save_file
+    model = zoo.load(tiny)
+    old = {"model": tiny, "config": {"in_features": 4, "hidden": 8, "num_classes": 3}, "command": "old"}
+    save_file(model.state_dict(), str(tmp_path / "old.safetensors"), metadata={"zoo": json.dumps(old)})
+    loaded = zoo.load(tiny, pretrained=tmp_path / "old.safetensors")
+    assert loaded.pretrained_meta.parent is None and torch.equal(loaded(X), model(X))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32])
+def test_integer_storage_dtype_is_refused(tiny, tmp_path, dtype):
+    with pytest.raises(ValueError, match="floating dtype.*zoo.accel.quantize"):
+        zoo.save(zoo.load(tiny), tmp_path / "m.safetensors", dtype=dtype)
+    assert not any(tmp_path.iterdir()), "nothing written"
+
+
+# --------------------------------------------------------------------------- publish
+
+
+def test_publish_replaces_file_and_manifest(tiny_shipped, tmp_path):
+    from zoo.weights import publish
+    _, weights_dir = tiny_shipped
+    new = zoo.load("tiny_test_cls")
+    zoo.save(new, tmp_path / "new.safetensors")
+    assert publish(tmp_path / "new.safetensors", "tiny_test_cls", "v1") == weights_dir / "tiny.v1.safetensors"
+    assert torch.equal(zoo.load("tiny_test_cls", pretrained="v1")(X), new(X)), "manifest matches the new file"
+    assert sorted(p.name for p in weights_dir.iterdir()) == ["manifest.json", "tiny.v1.safetensors"]
+
+
+@pytest.mark.parametrize("failure", ["copy", "rename"])
+def test_failing_publish_leaves_file_and_manifest(tiny_shipped, tmp_path, monkeypatch, failure):
+    import shutil
+
+    import zoo._io
+    from zoo.weights import publish
+    _, weights_dir = tiny_shipped
+    zoo.save(zoo.load("tiny_test_cls"), tmp_path / "new.safetensors")
+    before = {p.name: p.read_bytes() for p in weights_dir.iterdir()}
+
+    def half_copy(src, dst):
+        with open(dst, "wb") as f:
+            f.write(open(src, "rb").read(100))
+        raise OSError("disk full")
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+    if failure == "copy":
+        monkeypatch.setattr(shutil, "copyfile", half_copy)
+    else:
+        monkeypatch.setattr(zoo._io.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        publish(tmp_path / "new.safetensors", "tiny_test_cls", "v1")
+    assert {p.name: p.read_bytes() for p in weights_dir.iterdir()} == before, "old file and manifest, no temp file"
+    zoo.load("tiny_test_cls", pretrained="v1")
+
+
+# --------------------------------------------------------------------------- package layout
+
+
+def test_cards_and_weights_import_alone_without_a_cycle():
+    import ast
+    import subprocess
+    from pathlib import Path
+    package = Path(zoo.__file__).parent / "weights"
+    for source in package.glob("*.py"):
+        nodes = list(ast.walk(ast.parse(source.read_text())))
+        imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom)}
+        imported |= {alias.name for n in nodes if isinstance(n, ast.Import) for alias in n.names}
+        assert "zoo.cards" not in imported, f"{source.name} imports zoo.cards: cards imports weights, not the reverse"
+    for module in ("zoo.cards", "zoo.weights"):
+        subprocess.run([sys.executable, "-c", f"import {module}"], check=True)

@@ -62,6 +62,7 @@ def load(name: str, pretrained: bool | str | os.PathLike = False, **config_overr
         # the labels and metrics described the old head
         meta = dataclasses.replace(meta, labels=None, metrics={}, config=dataclasses.asdict(model.config))
     model.pretrained_meta = meta
+    model.pretrained_source = weights.as_parent()  # so that zoo.save can name its parent
     return model.eval()
 
 

@@ -21,7 +21,8 @@ Optional (the defaults below are right for a family that does not override them)
     reset_head(num_classes)          a new task head
     labels                           class names (from the weights' metadata, else "0".."n-1")
 
-Set by zoo, not by the family: `zoo_name` (registration) and `pretrained_meta` (`zoo.load`/`zoo.save`).
+Set by zoo, not by the family: `zoo_name` (registration), `pretrained_meta` and `pretrained_source`
+(`zoo.load`/`zoo.save`).
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ class ZooModel(nn.Module):
 
     config: Any
     pretrained_meta: WeightsMeta | None = None  # the metadata of the weights loaded or last saved
+    # where those weights came from, {"sha256", "source", "parent"}: the `parent` that zoo.save writes
+    pretrained_source: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ required
 
