@@ -145,8 +145,20 @@ class DiffusionUNet(ZooModel):
     def checkpoint_blocks(self) -> list[nn.Module]:
         return [b for lvl in (*self.down, self.middle, *self.up) for b in lvl.blocks]
 
-    def forward(self, x: Tensor, t: Tensor, y: Tensor | None = None) -> Tensor:
-        """x (B, C, H, W) in [-1, 1] at timestep t (B,), class y (B,) or None -> prediction (B, C, H, W)."""
+    def forward(self, x: Tensor, t: Tensor | None = None, y: Tensor | None = None, *, loss: bool = False,
+                generator: torch.Generator | None = None) -> Tensor:
+        """x (B, C, H, W) in [-1, 1] at timestep t (B,), class y (B,) or None -> prediction (B, C, H, W).
+
+        loss=True: x is a clean batch x0 and the result is `training_loss(x, y, generator)`. A training step
+        calls a DDP-wrapped model this way: DDP all-reduces the gradients only of what runs inside forward."""
+        if loss:
+            return self._training_loss(x, y, generator)
+        if t is None:
+            raise ValueError("forward needs the timesteps t (B,) to denoise x; or loss=True for the training "
+                             "loss of a clean batch x")
+        return self._denoise(x, t, y)
+
+    def _denoise(self, x: Tensor, t: Tensor, y: Tensor | None) -> Tensor:
         # the sinusoid is computed in fp32 (bf16 angles would be coarse), then meets the MLP in its weights'
         # dtype, so a model cast to bf16 (zoo.accel.cast) runs too
         emb = self.time_mlp(timestep_embedding(t, self.config.widths[0]).to(self.time_mlp[0].weight.dtype))
@@ -167,12 +179,16 @@ class DiffusionUNet(ZooModel):
         return self.out(h)
 
     def training_loss(self, x0: Tensor, y: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
-        """x0 in [-1, 1]; labels are dropped to "no class" with probability class_dropout."""
+        """x0 in [-1, 1]; labels are dropped to "no class" with probability class_dropout. Runs through
+        forward, so the hooks of a wrapper (FSDP, autocast) see it; a DDP wrapper needs `ddp(x0, y=y, loss=True)`."""
+        return self(x0, y=y, loss=True, generator=generator)
+
+    def _training_loss(self, x0: Tensor, y: Tensor | None, generator: torch.Generator | None) -> Tensor:
         c = self.config
         if y is not None and self.class_embed is not None and c.class_dropout > 0 and self.training:
             drop = torch.rand(y.shape, generator=generator).to(y.device) < c.class_dropout
             y = torch.where(drop, torch.full_like(y, c.num_classes), y)
-        return diffusion_loss(lambda x, t: self(x, t, y), x0, self.schedule, prediction=c.prediction,
+        return diffusion_loss(lambda x, t: self._denoise(x, t, y), x0, self.schedule, prediction=c.prediction,
                               generator=generator)
 
     def example_loss(self, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
