@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import zoo
+from zoo.models.base import ZooModel
 from zoo.train import Task, TrainConfig, Trainer
 from zoo.train.distributed import DistContext
 
@@ -62,15 +63,15 @@ def communicate(procs, timeout):
         raise
 
 
-def torchrun(nproc, args, *, timeout=300):
+def torchrun(nproc, args, *, script=SCRIPT, check=True, timeout=300):
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", SCRIPT, *args]
+           f"--master_port={free_port()}", str(script), *args]
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     (out, err), = communicate([proc], timeout)
-    if proc.returncode != 0:
+    if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{err[-3000:]}")
-    return out
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def weights(out):
@@ -236,25 +237,33 @@ def test_eval_only_reproduces_saved_metric(corpus, tmp_path):
 # ---------------------------------------------------------------- in-process: mixed precision
 
 
-class Linear2(torch.nn.Module):
+class Linear2(ZooModel):
     def __init__(self):
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+    @property
+    def checkpoint_blocks(self):
+        return [self.net]
+
+    def example_inputs(self, batch=2):
+        return (torch.randn(batch, 4, generator=torch.Generator().manual_seed(0)),)
 
     def forward(self, x):
         return self.net(x)
 
 
-def tiny_task():
+def tiny_task(eval_examples=64, loss=None, model=None):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 4, generator=g)
     y = x.sum(dim=1, keepdim=True)
     data = torch.utils.data.TensorDataset(x, y)
 
-    def loss(m, batch):
+    def mse(m, batch):
         return torch.nn.functional.mse_loss(m(batch[0]).float(), batch[1])
 
-    return Task(name="tiny", model=Linear2(), train_data=data, eval_data=data, loss=loss,
+    return Task(name="tiny", model=model or Linear2(), train_data=data,
+                eval_data=torch.utils.data.TensorDataset(x[:eval_examples], y[:eval_examples]), loss=loss or mse,
                 eval_step=lambda m, b: {"se": ((m(b[0]).float() - b[1]) ** 2).sum(), "n": torch.tensor(len(b[0]))},
                 summarize=lambda s: {"mse": float(s["se"] / s["n"])})
 
@@ -278,6 +287,7 @@ def test_bf16_autocast_trains_on_cpu(tmp_path):
     cfg = TrainConfig(steps=40, amp="bf16", out=str(tmp_path), warmup=2, lr=1e-2, workers=0, batch_size=16,
                       eval_every=40, ema=0.9)
     trainer = Trainer(cfg, tiny_task(), DistContext("none", torch.device("cpu")))
+    assert isinstance(trainer.scaler, torch.amp.GradScaler) and not trainer.scaler.is_enabled()
     first = trainer.evaluate()["mse"]
     final = trainer.fit()["mse"]
     assert final < first / 2
@@ -286,3 +296,194 @@ def test_bf16_autocast_trains_on_cpu(tmp_path):
     state = trainer.final_state_dict()
     for name, shadow, param in zip(trainer.ema.names, trainer.ema.shadow, trainer.plain.parameters()):
         assert torch.equal(state[name], shadow) and not torch.equal(state[name], param.detach())
+
+
+# ---------------------------------------------------------------- the config and its flags
+
+
+def test_flags_are_generated_from_the_config_fields():
+    import argparse
+    import dataclasses
+
+    from zoo.train import add_train_args, config_from_args
+    parser = add_train_args(argparse.ArgumentParser(), lr=5e-5, out="runs/x")  # a family's own defaults
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"extra"}
+    assert {a.dest for a in parser._actions} - {"help"} == fields
+    args = ["--steps", "3", "--clip", "0", "--resume", "--amp", "bf16", "--eval-only"]
+    cfg = config_from_args(parser.parse_args(args))
+    assert (cfg.lr, cfg.out, cfg.clip, cfg.resume, cfg.amp, cfg.eval_only) == (5e-5, "runs/x", None, "auto", "bf16", True)
+    assert config_from_args(parser.parse_args(["--steps", "3", "--resume", "runs/old"])).resume == "runs/old"
+    assert "max global gradient norm (0 disables)" in parser.format_help()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--steps", "3", "--save-dtype", "int8"])  # choices come from the field too
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.lr = 1.0
+    with pytest.raises(TypeError, match="not TrainConfig fields"):
+        add_train_args(argparse.ArgumentParser(), learning_rate=1.0)
+
+
+# ---------------------------------------------------------------- zoo.train is a library
+
+
+def _matplotlib():
+    try:
+        import matplotlib
+        return matplotlib
+    except ImportError:  # optional (the train extra): metrics then draw no curves.png
+        return None
+
+
+def _process_state():
+    import logging
+    root = logging.getLogger()
+    mpl = _matplotlib()
+    return (root.level, list(root.handlers), signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+            mpl and dict.__getitem__(mpl.rcParams, "backend"))  # the raw value: reading it would resolve it
+
+
+def test_run_leaves_logging_signals_and_matplotlib_as_it_found_them(tmp_path, tiny):
+    from tests.conftest import TinyConfig, TinyNet
+    from zoo.train import run as train_run
+
+    def tiny_regression(loss=None):  # run() saves the final weights: a registered family
+        return tiny_task(loss=loss, model=TinyNet(TinyConfig(num_classes=1)))
+
+    before = _process_state()
+    cfg = TrainConfig(steps=3, warmup=1, batch_size=8, workers=0, log_every=1, eval_every=3, out=str(tmp_path / "ok"))
+    train_run(cfg, lambda c: tiny_regression())
+    assert _process_state() == before
+    if _matplotlib() is not None:
+        assert (tmp_path / "ok" / "curves.png").is_file()  # drawn without pyplot or a backend change
+
+    calls = []
+
+    def failing_loss(m, batch):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("a loss that fails at the second step")
+        return torch.nn.functional.mse_loss(m(batch[0]), batch[1])
+
+    cfg = TrainConfig(steps=3, warmup=1, batch_size=8, workers=0, out=str(tmp_path / "fails"))
+    with pytest.raises(ValueError, match="second step"):
+        train_run(cfg, lambda c: tiny_regression(loss=failing_loss))
+    assert _process_state() == before
+
+
+def test_warnings_fire_once_per_run(tmp_path, caplog):
+    import logging
+
+    def nan_loss(m, batch):
+        return m(batch[0]).sum() * float("nan")
+
+    cfg = TrainConfig(steps=5, warmup=1, batch_size=8, workers=0, eval_every=5, out=str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="zoo.train"):
+        Trainer(cfg, tiny_task(loss=nan_loss), DistContext("none", torch.device("cpu"))).fit()
+    messages = [r.getMessage() for r in caplog.records if r.name == "zoo.train"]
+    assert sum("loss is nan" in m for m in messages) == 1, messages
+    assert sum("step skipped" in m for m in messages) == 1, messages
+    assert any("5 micro-batch(es) had a non-finite loss and 5 optimiser step(s) were skipped" in m
+               for m in messages), messages
+
+
+def test_train_time_is_summed_across_resumes(tmp_path):
+    ctx = DistContext("none", torch.device("cpu"))
+    common = dict(warmup=1, batch_size=8, workers=0, eval_every=4, out=str(tmp_path))
+    first = Trainer(TrainConfig(steps=4, **common), tiny_task(), ctx)
+    first.fit()
+    saved = torch.load(tmp_path / "ckpt-00000004" / "trainer.pt", weights_only=True)["train_time_s"]
+    assert 0 < saved <= first.train_time
+    second = Trainer(TrainConfig(steps=8, resume="auto", **common), tiny_task(), ctx)
+    second.load_checkpoint(tmp_path / "ckpt-00000004")
+    assert second.train_time == saved
+    second.fit()
+    resumed = torch.load(tmp_path / "ckpt-00000008" / "trainer.pt", weights_only=True)["train_time_s"]
+    assert saved < resumed <= second.train_time
+
+
+# ---------------------------------------------------------------- evaluation shards
+
+
+@pytest.mark.parametrize("examples,counted", [(1, [False]), (9, [True, False])])
+def test_short_evaluation_shard_runs_as_many_batches_as_rank_0(tmp_path, examples, counted):
+    # rank 1 of 2 (collectives off): with 1 example its shard is empty, with 9 it holds 4 to rank 0's 5
+    cfg = TrainConfig(steps=1, batch_size=4, workers=0, out=str(tmp_path))
+    trainer = Trainer(cfg, tiny_task(eval_examples=examples), DistContext("none", torch.device("cpu"), 1, 2))
+    assert [c for _, c in trainer._eval_batches()] == counted
+    seen = []
+    trainer.task.summarize = lambda sums: seen.append(sums) or {}
+    trainer.evaluate()
+    assert seen[0].keys() == {"se", "n"} and int(seen[0]["n"]) == examples // 2  # fillers count nothing
+
+
+TINY_DIST_SCRIPT = """
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import TINY, TinyConfig, TinyNet
+from zoo.models.base import unwrap
+from zoo.registry import register_model
+from zoo.train import Task, TrainConfig, run, setup_logging
+
+register_model(TINY, config=TinyConfig)(TinyNet)
+dist, out, bypass = sys.argv[1], sys.argv[2], "--bypass" in sys.argv
+
+
+def build(cfg):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g)
+
+    def loss(m, batch):  # --bypass: the loss on the unwrapped model, as diffusion_unet's script did
+        return F.cross_entropy((unwrap(m) if bypass else m)(batch[0]), batch[1])
+
+    def eval_step(m, batch):
+        return {"correct": (m(batch[0]).argmax(-1) == batch[1]).sum(), "n": torch.tensor(len(batch[1]))}
+
+    return Task(name=TINY, model=TinyNet(), train_data=torch.utils.data.TensorDataset(x, y),
+                eval_data=torch.utils.data.TensorDataset(x[:1], y[:1]),  # fewer examples than processes
+                loss=loss, eval_step=eval_step, summarize=lambda s: {"n": int(s["n"])})
+
+
+setup_logging()
+run(TrainConfig(steps=3, warmup=1, batch_size=4, workers=0, log_every=1, dist=dist, out=out), build)
+"""
+
+
+def replicas(out):
+    return json.loads((Path(out) / "replicas.json").read_text())
+
+
+@pytest.mark.parametrize("dist", ["ddp", "fsdp"])
+def test_two_processes_one_evaluation_example(tmp_path, dist):
+    script = tmp_path / "tiny_dist.py"
+    script.write_text(TINY_DIST_SCRIPT)
+    result = torchrun(2, [dist, str(tmp_path / "run")], script=script)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"final": {"n": 1}}
+    if dist == "ddp":
+        r = replicas(tmp_path / "run")
+        assert r["world_size"] == 2 and r["fingerprints"][0] == r["fingerprints"][1]
+
+
+def test_replica_check_catches_a_loss_outside_ddp_forward(tmp_path):
+    script = tmp_path / "tiny_dist.py"
+    script.write_text(TINY_DIST_SCRIPT)
+    result = torchrun(2, ["ddp", str(tmp_path / "run"), "--bypass"], script=script, check=False)
+    assert result.returncode != 0
+    assert "the DDP replicas differ" in result.stderr
+    r = replicas(tmp_path / "run")
+    assert r["fingerprints"][0] != r["fingerprints"][1]
+
+
+def test_diffusion_unet_ddp_replicas_stay_identical(tmp_path):
+    # its loss ran on the unwrapped model, outside DDP's forward, so its gradients were never all-reduced
+    import numpy as np
+    rng = np.random.default_rng(0)
+    data = tmp_path / "images.npz"
+    np.savez(data, x_train=rng.integers(0, 256, (32, 8, 8, 1), dtype=np.uint8), y_train=rng.integers(0, 4, 32),
+             x_test=rng.integers(0, 256, (4, 8, 8, 1), dtype=np.uint8), y_test=np.arange(4))
+    torchrun(2, ["--data", str(data), "--image-size", "8", "--widths", "8,16", "--batch-size", "4", "--steps", "3",
+                 "--warmup", "1", "--workers", "0", "--dist", "ddp", "--out", str(tmp_path / "run")],
+             script=ROOT / "train_scripts" / "diffusion_unet.py")
+    r = replicas(tmp_path / "run")
+    assert r["world_size"] == 2 and r["fingerprints"][0] == r["fingerprints"][1]

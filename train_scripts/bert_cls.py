@@ -17,7 +17,7 @@ import torch
 import zoo
 from zoo.data.text import LengthGroupedBatches, read_labelled_texts
 from zoo.models.bert import layerwise_param_groups, minilm_folder
-from zoo.train import Task, add_train_args, config_from_args, main_guard, run
+from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
 
 class Encoded(torch.utils.data.Dataset):
@@ -125,6 +125,7 @@ def main(argv=None):
     g.add_argument("--layer-decay", type=float, default=0.9, help="layer-wise LR decay (1 = off)")
     g.add_argument("--pooling", choices=["cls", "mean"], default=None)
     g.add_argument("--attention-dropout", type=float, default=0.0)
+    setup_logging()
     return run(config_from_args(parser.parse_args(argv)), build_task)
 
 

@@ -15,7 +15,8 @@ import sys
 import torch
 
 import zoo
-from zoo.train import Task, add_train_args, config_from_args, main_guard, run
+from zoo.models.base import unwrap
+from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
 
 def load_data(spec: str, size: int, split: str):
@@ -53,18 +54,14 @@ def build_task(cfg) -> Task:
 
     def loss(m, batch):
         images, labels = batch
-        return model_loss(m, images, labels if k else None)
-
-    def model_loss(m, images, labels):
-        # the loss lives on the plain model; `m` (maybe DDP-wrapped) runs the forward passes
-        plain = getattr(m, "module", m)
-        return plain.training_loss(images, labels)
+        # through `m`'s forward, so that a DDP wrapper all-reduces the gradients
+        return m(images, y=labels if k else None, loss=True)
 
     def eval_step(m, batch):
         images, labels = batch
         g = torch.Generator().manual_seed(len(images))  # fixed t and noise: a comparable validation loss
         from zoo.blocks.diffusion import diffusion_loss
-        plain = getattr(m, "module", m)
+        plain = unwrap(m)
         value = diffusion_loss(lambda xt, t: m(xt, t, labels if k else None), images, plain.schedule,
                                prediction=plain.config.prediction, generator=g)
         return {"loss_sum": value * len(images), "n": torch.tensor(len(images))}
@@ -112,6 +109,7 @@ def main(argv=None):
     g.add_argument("--unconditional", action="store_true", help="ignore class labels")
     g.add_argument("--guidance", type=float, default=2.0, help="classifier-free guidance scale for samples")
     g.add_argument("--judge-samples", type=int, default=500, help="samples judged at the end (digits)")
+    setup_logging()
     return run(config_from_args(parser.parse_args(argv)), build_task)
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import zoo
 from zoo.data.images import ArrayImages, load_image_split, tensor_eval_transform, train_transform
-from zoo.train import Task, add_train_args, config_from_args, main_guard, run
+from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
 CIFAR_MEAN, CIFAR_STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -121,10 +121,10 @@ def main(argv=None):
     g.add_argument("--freeze-backbone", action="store_true", help="linear probe: train only the head")
     g.add_argument("--channels-last", action="store_true")
     args = parser.parse_args(argv)
-    cfg = config_from_args(args)
-    if cfg.extra["stem_stride"] is None:
-        cfg.extra["stem_stride"] = 1 if (cfg.extra["image_size"] or 32) <= 64 else 2
-    return run(cfg, build_task)
+    if args.stem_stride is None:
+        args.stem_stride = 1 if (args.image_size or 32) <= 64 else 2
+    setup_logging()
+    return run(config_from_args(args), build_task)
 
 
 if __name__ == "__main__":

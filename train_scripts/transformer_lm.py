@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import zoo
 from zoo.data.text import BlockDataset, ByteTokenizer, CharTokenizer, read_corpus
-from zoo.train import Task, add_train_args, config_from_args, main_guard, run
+from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
 
 class StridedBlocks(BlockDataset):
@@ -93,6 +93,7 @@ def main(argv=None):
     g.add_argument("--mlp-hidden", type=int)
     g.add_argument("--dropout", type=float)
     g.add_argument("--window", type=int)
+    setup_logging()
     return run(config_from_args(parser.parse_args(argv)), build_task)
 
 

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 import zoo
 from zoo.data.volumes import SyntheticVolumes, VolumeFolder
 from zoo.models.unet3d import dice_ce_loss, dice_per_class
-from zoo.train import Task, add_train_args, config_from_args, main_guard, run
+from zoo.models.base import unwrap
+from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
 
 class RandomCropFlip:
@@ -73,7 +74,7 @@ def build_task(cfg) -> Task:
 
     def eval_step(m, batch):
         images, labels = batch
-        plain = getattr(m, "module", m)
+        plain = unwrap(m)  # sliding-window inference is a method; evaluation needs no gradient all-reduce
         sums = torch.zeros(2, k)  # per class: Dice sum, volumes where the class is present
         for image, label in zip(images, labels):
             pred = plain.predict_volume(image, window=a["crop"])
@@ -110,6 +111,7 @@ def main(argv=None):
     g.add_argument("--volume", type=int, default=64, help="synthetic volume side")
     g.add_argument("--train-volumes", type=int, default=200)
     g.add_argument("--val-volumes", type=int, default=8)
+    setup_logging()
     return run(config_from_args(parser.parse_args(argv)), build_task)
 
 

@@ -44,39 +44,11 @@ def autocast(device: str | torch.device = "cpu", dtype: str | torch.dtype | None
     return torch.autocast(device_type=device_type, dtype=dtype)
 
 
-class _NoScaler:
-    """Stands in for GradScaler where no scaling is needed (bf16, fp32): same methods, plain steps."""
-
-    def scale(self, loss):
-        return loss
-
-    def unscale_(self, optimizer):
-        pass
-
-    def step(self, optimizer):
-        optimizer.step()
-
-    def update(self):
-        pass
-
-    def is_enabled(self) -> bool:
-        return False
-
-    def get_scale(self) -> float:
-        return 1.0
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
 def grad_scaler(device: str | torch.device = "cpu", dtype: str | torch.dtype | None = "auto"):
-    """A GradScaler for fp16 (it skips steps whose gradients are not finite); a no-op for bf16/fp32."""
-    if resolve_dtype(device, dtype) != torch.float16:
-        return _NoScaler()
-    return torch.amp.GradScaler(torch.device(device).type)
+    """A GradScaler for fp16 (it skips steps whose gradients are not finite); a disabled one, whose
+    methods pass through, for bf16/fp32."""
+    enabled = resolve_dtype(device, dtype) == torch.float16
+    return torch.amp.GradScaler(torch.device(device).type, enabled=enabled)
 
 
 def _to_fp32(out):

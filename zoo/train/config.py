@@ -1,47 +1,67 @@
-"""The training config and the command-line flags every train script shares."""
+"""The training config and the command-line flags every train script shares.
+
+Each field of `TrainConfig` is one flag (`batch_size` -> `--batch-size`); its type, default and help
+text come from the field, so the config and the command line cannot drift apart.
+"""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = ["TrainConfig", "add_train_args", "config_from_args"]
 
-@dataclass
+
+def _flag(default: Any, help: str | None = None, **argparse_options: Any) -> Any:
+    """A config field and its flag: `help` and the argparse options (choices, metavar, ...) live in metadata."""
+    return field(default=default, metadata={"help": help, **argparse_options})
+
+
+@dataclass(frozen=True)
 class TrainConfig:
-    data: str | None = None
-    epochs: int | None = None  # either epochs or steps; steps are optimiser steps
-    steps: int | None = None
-    batch_size: int = 32  # per process and micro-batch; global batch = batch_size * processes * grad_accum
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    weight_decay: float = 0.05  # not applied to norms and biases
-    warmup: int = 100  # optimiser steps of linear warm-up
-    grad_accum: int = 1
-    clip: float | None = 1.0  # max global gradient norm; None disables
-    amp: str = "off"  # off | bf16 | fp16
-    compile: bool = False
-    ema: float | None = None  # EMA decay, e.g. 0.999; evaluation and saved weights then use the EMA
-    dist: str = "none"  # none | ddp | fsdp (under torchrun)
-    workers: int | None = None  # DataLoader workers; None picks from the machine
-    out: str = "runs/latest"
-    resume: str | None = None  # "auto" (latest in --out) or a checkpoint folder
-    pretrained: str | None = None
-    num_classes: int | None = None
-    seed: int = 0
-    deterministic: bool = False  # deterministic kernels (CUDA: cuBLAS workspace, no atomics where avoidable)
-    profile: bool = False
-    eval_only: bool = False
-    eval_every: int | None = None  # optimiser steps between evaluations; default: once per epoch
-    save_every: int | None = None  # optimiser steps between checkpoints; default: at each evaluation
-    keep: int = 3  # checkpoints kept
-    log_every: int = 10
-    device: str = "auto"
-    save_dtype: str = "fp32"  # dtype of the final weights file: fp32 | fp16 | bf16
-    note: str = ""  # free text stored with the final weights (e.g. why a run was stopped early)
-    extra: dict[str, Any] = field(default_factory=dict)  # the script's own flags, recorded with the run
+    data: str | None = _flag(None, "training data (format depends on the family)")
+    epochs: int | None = _flag(None, "epochs to train (or --steps)")
+    steps: int | None = _flag(None, "optimiser steps (instead of --epochs)")
+    batch_size: int = _flag(32, "per process, per micro-batch; global batch = batch size x processes x grad accum")
+    lr: float = _flag(1e-3, "peak learning rate")
+    min_lr_ratio: float = _flag(0.1, "cosine decays to lr x this")
+    weight_decay: float = _flag(0.05, "AdamW decay (not applied to norms and biases)")
+    warmup: int = _flag(100, "warm-up optimiser steps (linear)")
+    grad_accum: int = _flag(1, "micro-batches accumulated per optimiser step")
+    clip: float | None = _flag(1.0, "max global gradient norm (0 disables)")
+    amp: str = _flag("off", "mixed precision", choices=["off", "bf16", "fp16"])
+    compile: bool = _flag(False, "torch.compile the model")
+    ema: float | None = _flag(None, "EMA decay, e.g. 0.999; evaluation and saved weights then use the EMA",
+                              metavar="DECAY")
+    dist: str = _flag("none", "data parallel under torchrun", choices=["none", "ddp", "fsdp"])
+    workers: int | None = _flag(None, "DataLoader workers (default: picked from the machine)")
+    out: str = _flag("runs/latest", "run folder: checkpoints, metrics, final weights")
+    resume: str | None = _flag(None, "resume from the latest checkpoint in --out, or from PATH",
+                               nargs="?", const="auto", metavar="PATH")
+    pretrained: str | None = _flag(None, "TAG | PATH | hf://owner/repo to start from")
+    num_classes: int | None = _flag(None, "classes of a new task head")
+    seed: int = _flag(0, "seed of weights, data order and augmentation")
+    deterministic: bool = _flag(False, "deterministic kernels, so CUDA runs and resumes repeat bit for bit (slower)")
+    profile: bool = _flag(False, "profile a few steps, print top operators, exit")
+    eval_only: bool = _flag(False, "evaluate --pretrained / --resume weights and exit")
+    eval_every: int | None = _flag(None, "optimiser steps between evaluations (default: once per epoch)",
+                                   metavar="STEPS")
+    save_every: int | None = _flag(None, "optimiser steps between checkpoints (default: at each evaluation)",
+                                   metavar="STEPS")
+    keep: int = _flag(3, "checkpoints to keep")
+    log_every: int = _flag(10, "optimiser steps between training-loss records", metavar="STEPS")
+    device: str = _flag("auto", "auto | cpu | cuda | cuda:N")
+    save_dtype: str = _flag("fp32", "dtype of the final weights file", choices=["fp32", "fp16", "bf16"])
+    note: str = _flag("", "free text stored in the final weights' metadata (e.g. why a run was stopped early)")
+    # the script's own flags, recorded with the run; not a flag itself
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        if self.clip == 0:  # `--clip 0` is the command line's way to say "no clipping"
+            object.__setattr__(self, "clip", None)
         if self.epochs is None and self.steps is None and not self.eval_only:
             raise ValueError("give --epochs or --steps")
         for name in ("batch_size", "grad_accum", "keep", "log_every"):
@@ -49,61 +69,52 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
-        if self.amp not in ("off", "bf16", "fp16"):
-            raise ValueError(f"--amp must be off, bf16 or fp16, got {self.amp!r}")
-        if self.dist not in ("none", "ddp", "fsdp"):
-            raise ValueError(f"--dist must be none, ddp or fsdp, got {self.dist!r}")
+        for f in _flag_fields():
+            choices, value = f.metadata.get("choices"), getattr(self, f.name)
+            if choices and value not in choices:
+                raise ValueError(f"--{_flag_name(f)} must be one of {', '.join(choices)}, got {value!r}")
         if self.ema is not None and not 0.0 < self.ema < 1.0:
             raise ValueError(f"--ema is a decay in (0, 1), e.g. 0.999; got {self.ema}")
-        if self.save_dtype not in ("fp32", "fp16", "bf16"):
-            raise ValueError(f"--save-dtype must be fp32, fp16 or bf16, got {self.save_dtype!r}")
+
+
+def _flag_fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(TrainConfig) if f.name != "extra"]
+
+
+def _flag_name(f: dataclasses.Field) -> str:
+    return f.name.replace("_", "-")
+
+
+def _value_type(annotation: Any) -> type:
+    """`int | None` -> int: the type argparse converts the flag's text with."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        (inner,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return inner
+    return annotation
 
 
 def add_train_args(parser: argparse.ArgumentParser, **defaults: Any) -> argparse.ArgumentParser:
     """Add the shared flags; `defaults` sets a family's own defaults (e.g. lr=5e-5)."""
-    d = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
-    d.update(defaults)
+    fields = _flag_fields()
+    unknown = set(defaults) - {f.name for f in fields}
+    if unknown:
+        raise TypeError(f"add_train_args got defaults for {sorted(unknown)}, which are not TrainConfig fields")
+    hints = typing.get_type_hints(TrainConfig)
     g = parser.add_argument_group("training (shared by every train script)")
-    g.add_argument("--data", default=d.get("data"), help="training data (format depends on the family)")
-    g.add_argument("--epochs", type=int, default=d["epochs"])
-    g.add_argument("--steps", type=int, default=d["steps"], help="optimiser steps (instead of --epochs)")
-    g.add_argument("--batch-size", type=int, default=d["batch_size"], help="per process, per micro-batch")
-    g.add_argument("--lr", type=float, default=d["lr"])
-    g.add_argument("--min-lr-ratio", type=float, default=d["min_lr_ratio"])
-    g.add_argument("--weight-decay", type=float, default=d["weight_decay"])
-    g.add_argument("--warmup", type=int, default=d["warmup"], help="warm-up optimiser steps")
-    g.add_argument("--grad-accum", type=int, default=d["grad_accum"])
-    g.add_argument("--clip", type=float, default=d["clip"], help="max gradient norm (0 disables)")
-    g.add_argument("--amp", choices=["off", "bf16", "fp16"], default=d["amp"])
-    g.add_argument("--compile", action="store_true", default=d["compile"])
-    g.add_argument("--ema", type=float, default=d["ema"], metavar="DECAY")
-    g.add_argument("--dist", choices=["none", "ddp", "fsdp"], default=d["dist"])
-    g.add_argument("--workers", type=int, default=d["workers"])
-    g.add_argument("--out", default=d["out"], help="run folder: checkpoints, metrics, final weights")
-    g.add_argument("--resume", nargs="?", const="auto", default=d["resume"],
-                   help="resume from the latest checkpoint in --out, or from PATH")
-    g.add_argument("--pretrained", default=d["pretrained"], help="TAG | PATH | hf://owner/repo to start from")
-    g.add_argument("--num-classes", type=int, default=d["num_classes"])
-    g.add_argument("--seed", type=int, default=d["seed"])
-    g.add_argument("--deterministic", action="store_true", default=d["deterministic"],
-                   help="deterministic kernels, so CUDA runs and resumes repeat bit for bit (slower)")
-    g.add_argument("--profile", action="store_true", help="profile a few steps, print top operators, exit")
-    g.add_argument("--eval-only", action="store_true", help="evaluate --pretrained / --resume weights and exit")
-    g.add_argument("--eval-every", type=int, default=d["eval_every"], metavar="STEPS")
-    g.add_argument("--save-every", type=int, default=d["save_every"], metavar="STEPS")
-    g.add_argument("--keep", type=int, default=d["keep"], help="checkpoints to keep")
-    g.add_argument("--log-every", type=int, default=d["log_every"], metavar="STEPS")
-    g.add_argument("--device", default=d["device"], help="auto | cpu | cuda | cuda:N")
-    g.add_argument("--save-dtype", choices=["fp32", "fp16", "bf16"], default=d["save_dtype"])
-    g.add_argument("--note", default=d["note"], help="free text stored in the final weights' metadata")
+    for f in fields:
+        options = {k: v for k, v in f.metadata.items() if v is not None}
+        default = defaults.get(f.name, f.default)
+        kind = _value_type(hints[f.name])
+        if kind is bool:
+            g.add_argument(f"--{_flag_name(f)}", action="store_true", default=default, **options)
+        else:
+            g.add_argument(f"--{_flag_name(f)}", type=kind, default=default, **options)
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """TrainConfig from parsed args; the script's own flags go to `extra`."""
-    names = {f.name for f in dataclasses.fields(TrainConfig)} - {"extra"}
+    names = {f.name for f in _flag_fields()}
     values = vars(args)
-    kwargs = {k: v for k, v in values.items() if k in names}
-    if kwargs.get("clip") == 0:
-        kwargs["clip"] = None
-    return TrainConfig(**kwargs, extra={k: v for k, v in values.items() if k not in names})
+    return TrainConfig(**{k: v for k, v in values.items() if k in names},
+                       extra={k: v for k, v in values.items() if k not in names})

@@ -9,7 +9,24 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["DistContext", "init_distributed"]
+from zoo.models.base import ZooModel
+
+__all__ = ["DistContext", "init_distributed", "fingerprint"]
+
+
+@torch.no_grad()
+def fingerprint(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Three float64 numbers that change when an element of any tensor changes: the sum of all elements,
+    their sum weighted by position inside each tensor, and the tensor sums weighted by the tensor's place.
+    Equal weights give equal bits, so replicas can be compared exactly."""
+    total = weighted = ordered = torch.zeros((), dtype=torch.float64)
+    for i, t in enumerate(tensors, start=1):
+        flat = t.detach().double().flatten().cpu()
+        position = torch.arange(1, flat.numel() + 1, dtype=torch.float64) / flat.numel()
+        total = total + flat.sum()
+        weighted = weighted + (flat * position).sum()
+        ordered = ordered + i * flat.sum()
+    return torch.stack([total, weighted, ordered])
 
 
 class DistContext:
@@ -37,8 +54,18 @@ class DistContext:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
-    def wrap(self, model: nn.Module, blocks: list[nn.Module] | None = None) -> nn.Module:
-        """DDP wraps the model; FSDP2 shards each block, then the root (parameters become DTensors)."""
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Every rank's `t`, stacked in rank order on the CPU: (world_size, *t.shape)."""
+        if not self.enabled:
+            return t[None].cpu()
+        t = t.to(self.device)
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(parts, t)
+        return torch.stack(parts).cpu()
+
+    def wrap(self, model: ZooModel) -> nn.Module:
+        """DDP wraps the model; FSDP2 shards each of its `checkpoint_blocks`, then the root (parameters
+        become DTensors, the model object stays the same)."""
         if self.mode == "ddp":
             from torch.nn.parallel import DistributedDataParallel
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -48,7 +75,7 @@ class DistContext:
                 from torch.distributed.fsdp import fully_shard
             except ImportError:  # torch 2.5 keeps FSDP2 under _composable
                 from torch.distributed._composable.fsdp import fully_shard
-            for block in blocks or []:
+            for block in model.checkpoint_blocks:
                 fully_shard(block)
             fully_shard(model)
         return model

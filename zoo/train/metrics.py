@@ -59,16 +59,15 @@ class MetricsLogger:
             writer.writerows(rows)
 
     def _plot(self) -> None:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
+        try:  # a bare Figure draws with Agg by itself: no pyplot, so the caller's backend stays as it is
+            from matplotlib.figure import Figure
         except ImportError:
             return
         train = [r for r in self.records if r.get("split") == "train"]
         evals = [r for r in self.records if r.get("split") == "eval"]
         keys = [k for k in (evals[-1] if evals else {}) if _scalar(evals[-1][k]) and k not in ("step", "epoch")]
-        fig, axes = plt.subplots(1, 1 + len(keys), figsize=(4 * (1 + len(keys)), 3), squeeze=False)
+        fig = Figure(figsize=(4 * (1 + len(keys)), 3))
+        axes = fig.subplots(1, 1 + len(keys), squeeze=False)
         axes[0][0].plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
         axes[0][0].set_title("loss")
         for ax, k in zip(axes[0][1:], keys):
@@ -78,7 +77,6 @@ class MetricsLogger:
             ax.set_xlabel("step")
         fig.tight_layout()
         fig.savefig(self.out / "curves.png", dpi=80)
-        plt.close(fig)
 
     def close(self) -> None:
         if self.tb is not None:

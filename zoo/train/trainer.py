@@ -2,8 +2,9 @@
 
 A script describes its family as a `Task` (model, data, loss, evaluation) and calls `run(cfg, build_task)`.
 The loop brings AMP, compile, gradient accumulation and clipping, warm-up + cosine LR, EMA,
-DDP/FSDP2 under torchrun, atomic checkpoints with exact resume, progress bars, metrics files and
-a profiler switch.
+DDP/FSDP2 under torchrun (with a check at the end that the DDP replicas hold equal weights), atomic
+checkpoints with exact resume, progress bars, metrics files and a profiler switch. It is a library:
+logging is configured by the script's command line (`setup_logging`), not here.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import random
 import shlex
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,28 +30,33 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-from zoo.accel.amp import autocast, grad_scaler
+from zoo._io import atomic_write_bytes
+from zoo.accel.amp import autocast, grad_scaler, resolve_dtype
 from zoo.accel.compile import compile as zoo_compile
+from zoo.models.base import ZooModel
 from zoo.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from zoo.train.config import TrainConfig
-from zoo.train.distributed import DistContext, init_distributed
+from zoo.train.distributed import DistContext, fingerprint, init_distributed
 from zoo.train.ema import EMA
 from zoo.train.metrics import MetricsLogger, format_metrics
 
 log = logging.getLogger("zoo.train")
 
-__all__ = ["Task", "Trainer", "run", "seed_everything", "decay_param_groups"]
+__all__ = ["Task", "Trainer", "run", "seed_everything", "decay_param_groups", "setup_logging", "main_guard"]
 
 
 @dataclass
 class Task:
     """What a train script supplies; everything else is the shared loop."""
     name: str  # registry name, for the saved weights
-    model: nn.Module
+    model: ZooModel
     train_data: Dataset | None
     eval_data: Dataset | None
-    loss: Callable[[nn.Module, Any], Tensor]  # (model, batch) -> scalar loss
-    eval_step: Callable[[nn.Module, Any], dict[str, Tensor]]  # (model, batch) -> sums, added over batches/ranks
+    # (model, batch) -> scalar loss. `model` may be a DDP wrapper, which all-reduces the gradients only of
+    # what runs through its forward: call `model(...)`, never a method of the unwrapped model.
+    loss: Callable[[nn.Module, Any], Tensor]
+    # (model, batch) -> sums, added over batches and ranks; the same keys and shapes for every batch
+    eval_step: Callable[[nn.Module, Any], dict[str, Tensor]]
     summarize: Callable[[dict[str, Tensor]], dict[str, Any]]  # summed totals -> metrics
     collate: Callable | None = None
     batch_sampler: Callable[[Sampler, int], Iterable[list[int]]] | None = None  # e.g. group by length
@@ -114,19 +121,6 @@ class _ResumableBatches:
         return len(self.batches) - self.skip
 
 
-class _ShardSampler(Sampler):
-    """Evaluation shard of this rank without DistributedSampler's padding (no example counted twice)."""
-
-    def __init__(self, n: int, rank: int, world: int):
-        self.indices = list(range(rank, n, world))
-
-    def __iter__(self):
-        return iter(self.indices)
-
-    def __len__(self):
-        return len(self.indices)
-
-
 def _to_device(batch, device):
     if isinstance(batch, Tensor):
         return batch.to(device, non_blocking=True)
@@ -152,14 +146,16 @@ class Trainer:
         self.plain = task.model.to(self.device)
         if cfg.compile:
             zoo_compile(self.plain)  # in place: keys and methods unchanged
-        self.model = ctx.wrap(self.plain, getattr(self.plain, "checkpoint_blocks", None))
+        self.model = ctx.wrap(self.plain)
         groups = (task.param_groups(self.plain, cfg) if task.param_groups
                   else decay_param_groups(self.plain, cfg.weight_decay))
         # fused AdamW: one kernel over all parameters instead of a loop per group (a third of a BERT
         # fine-tuning step on CPU was the optimiser); FSDP's DTensor parameters keep the foreach path
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95 if cfg.lr >= 5e-4 else 0.999),
                                            fused=ctx.mode != "fsdp")
-        self.scaler = grad_scaler(self.device, cfg.amp if cfg.amp != "off" else "fp32")
+        # resolved once: resolving warns about fp16 on a CPU, which would otherwise repeat every step
+        self.amp_dtype = resolve_dtype(self.device, cfg.amp if cfg.amp != "off" else "fp32")
+        self.scaler = grad_scaler(self.device, self.amp_dtype)
         self.ema = EMA(self.plain, cfg.ema) if cfg.ema else None
         self.workers = cfg.workers if cfg.workers is not None else default_workers(ctx.world_size)
         self.train_loader = self._train_loader() if task.train_data is not None else None
@@ -172,6 +168,9 @@ class Trainer:
             self.optimizer, warmup_cosine(min(cfg.warmup, self.total_steps), self.total_steps, cfg.min_lr_ratio))
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.skipped_steps = 0
+        self.nonfinite_losses = 0  # micro-batches whose loss was inf/NaN (without fp16 scaling)
+        self.train_time = 0.0  # seconds in fit(), summed over resumes (kept in the checkpoints)
+        self._fit_started: float | None = None
         self.last_eval: dict[str, Any] = {}
         self._stop_signal: int | None = None
 
@@ -200,11 +199,25 @@ class Trainer:
         return DataLoader(self.task.train_data, batch_sampler=self.batches, generator=self.loader_rng,
                           **self._loader_options())
 
-    def _eval_loader(self) -> DataLoader:
-        data = self.task.eval_data
-        return DataLoader(data, batch_size=self.task.eval_batch_size or self.cfg.batch_size,
-                          sampler=_ShardSampler(len(data), self.ctx.rank, self.ctx.world_size),
-                          **self._loader_options())
+    def _eval_batches(self) -> Iterable[tuple[Any, bool]]:
+        """(batch, counted): this rank's shard of the evaluation data (every example once, no padding), then
+        uncounted repeats of the data's first batch until every rank has run as many batches as rank 0,
+        which holds the largest shard. A rank with fewer examples, or none (fewer examples than processes),
+        so still takes part in each forward pass that FSDP gathers weights for, and its sums get the keys
+        and shapes of the others'."""
+        data, ctx = self.task.eval_data, self.ctx
+        if len(data) == 0:
+            raise ValueError("the evaluation data is empty; give held-out examples or no evaluation set")
+        size = self.task.eval_batch_size or self.cfg.batch_size
+        loader = DataLoader(data, batch_size=size, sampler=range(ctx.rank, len(data), ctx.world_size),
+                            **self._loader_options())
+        yield from ((batch, True) for batch in loader)
+        missing = math.ceil(math.ceil(len(data) / ctx.world_size) / size) - len(loader)
+        if missing > 0:
+            first = next(iter(DataLoader(data, batch_size=size, sampler=range(min(size, len(data))),
+                                         collate_fn=self.task.collate)))
+            for _ in range(missing):
+                yield first, False
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -220,6 +233,7 @@ class Trainer:
         trainer_state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                          "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                          "world_size": self.ctx.world_size, "skipped_steps": self.skipped_steps,
+                         "train_time_s": self._train_time(),
                          "config": {k: v for k, v in vars(self.cfg).items() if k != "extra"}}
         path = save_checkpoint(self.out, self.step, self._app_state(), trainer_state, self.ctx, self.cfg.keep)
         if self.ctx.is_main:
@@ -240,6 +254,7 @@ class Trainer:
         self.scaler.load_state_dict(trainer_state["scaler"])
         self.step, self.epoch = trainer_state["step"], trainer_state["epoch"]
         self.skipped_steps = trainer_state.get("skipped_steps", 0)
+        self.train_time = trainer_state.get("train_time_s", 0.0)  # checkpoints before it was kept: unknown
         same_world = trainer_state["world_size"] == self.ctx.world_size
         # Another number of processes shards the data differently: restart the epoch's order.
         self.batch_in_epoch = trainer_state["batch_in_epoch"] if same_world else 0
@@ -270,10 +285,12 @@ class Trainer:
         self.model.eval()
         sums: dict[str, Tensor] = {}
         with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
-            for batch in self._eval_loader():
+            for batch, counted in self._eval_batches():
                 batch = _to_device(batch, self.device)
-                with autocast(self.device, self.cfg.amp if self.cfg.amp != "off" else "fp32"):
+                with autocast(self.device, self.amp_dtype):
                     part = self.task.eval_step(self.model, batch)
+                if not counted:
+                    part = {k: torch.zeros_like(v) for k, v in part.items()}
                 for k, v in part.items():
                     v = v.detach().double() if v.is_floating_point() else v.detach().long()
                     sums[k] = sums[k] + v if k in sums else v
@@ -284,15 +301,27 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
 
-    def _install_signal_handlers(self):
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        """Inside, SIGINT/SIGTERM ask for a checkpoint and a stop after the current step (a second one stops
+        at once); the caller's handlers are back afterwards. Python takes signals only in the main thread,
+        so from another thread the loop runs without them."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
         def handler(signum, frame):
             if self._stop_signal is not None:  # second signal: stop now
                 raise KeyboardInterrupt
             self._stop_signal = signum
             if self.ctx.is_main:
                 log.warning("signal %d: saving a checkpoint after this step, then stopping", signum)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, handler)
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
 
     def _should_stop(self) -> bool:
         flag = torch.tensor(float(self._stop_signal is not None))
@@ -313,25 +342,44 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if not finite:
             self.skipped_steps += 1
-            log.warning("step %d: gradient norm is %s, step skipped (%d so far)", self.step, norm.item(),
-                        self.skipped_steps)
+            if self.skipped_steps == 1:  # once; fit() reports the count at the end
+                log.warning("step %d: gradient norm is %s, step skipped", self.step, norm.item())
             return None
         if self.ema is not None:
             self.ema.update()
         return float(norm)
 
     def fit(self) -> dict[str, Any]:
+        """Train to `total_steps`; returns the last evaluation. Under DDP it ends by checking the replicas."""
+        from tqdm import tqdm
+        metrics = MetricsLogger(self.out, self.step) if self.ctx.is_main else None
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=not self.ctx.is_main, dynamic_ncols=True,
+                   desc=self.task.name, unit="step")
+        self._fit_started = time.perf_counter()
+        try:
+            with self._stop_on_signals():
+                self._train_loop(metrics, bar)
+        finally:
+            self.train_time = self._train_time()
+            self._fit_started = None
+            bar.close()
+            if metrics:
+                metrics.close()
+        if self.ctx.is_main and (self.nonfinite_losses or self.skipped_steps):
+            log.warning("%d micro-batch(es) had a non-finite loss and %d optimiser step(s) were skipped for "
+                        "non-finite gradients", self.nonfinite_losses, self.skipped_steps)
+        self.check_replicas()
+        return self.last_eval
+
+    def _train_time(self) -> float:
+        running = time.perf_counter() - self._fit_started if self._fit_started is not None else 0.0
+        return self.train_time + running
+
+    def _train_loop(self, metrics: MetricsLogger | None, bar) -> None:
         cfg, ctx = self.cfg, self.ctx
-        metrics = MetricsLogger(self.out, self.step) if ctx.is_main else None
-        self._install_signal_handlers()
         eval_every = cfg.eval_every or self.steps_per_epoch
         save_every = cfg.save_every or eval_every
-        from tqdm import tqdm
-        bar = tqdm(total=self.total_steps, initial=self.step, disable=not ctx.is_main, dynamic_ncols=True,
-                   desc=self.task.name, unit="step")
-        amp = cfg.amp if cfg.amp != "off" else "fp32"
         window_loss, window_n, window_samples, t0 = torch.zeros((), dtype=torch.float64), 0, 0, time.perf_counter()
-        start_time = time.perf_counter()
         self.model.train()
         while self.step < self.total_steps:
             self.sampler.set_epoch(self.epoch)
@@ -342,10 +390,12 @@ class Trainer:
                 batch = _to_device(batch, self.device)
                 last_micro = (micro + 1) % cfg.grad_accum == 0
                 with ctx.no_sync(self.model) if not last_micro else contextlib.nullcontext():
-                    with autocast(self.device, amp):
+                    with autocast(self.device, self.amp_dtype):
                         loss = self.task.loss(self.model, batch)
-                    if not torch.isfinite(loss.detach()) and not self.scaler.is_enabled():
-                        log.warning("step %d: loss is %s", self.step, loss.item())
+                    if not self.scaler.is_enabled() and not torch.isfinite(loss.detach()):
+                        self.nonfinite_losses += 1
+                        if self.nonfinite_losses == 1:  # once; fit() reports the count at the end
+                            log.warning("step %d: loss is %s", self.step, loss.item())
                     self.scaler.scale(loss / cfg.grad_accum).backward()
                 window_loss += loss.detach().double().cpu() / cfg.grad_accum
                 window_samples += _batch_size(batch)
@@ -374,20 +424,32 @@ class Trainer:
                 if (save_every and self.step % save_every == 0) or done or stop:
                     self.save_checkpoint()
                 if stop:
-                    bar.close()
                     raise SystemExit(128 + (self._stop_signal or signal.SIGTERM))
                 if done:
-                    break
-            else:  # epoch ran out
-                self.epoch += 1
-                self.batch_in_epoch = 0
-                continue
-            break
-        bar.close()
-        if metrics:
-            metrics.close()
-        self.train_time = time.perf_counter() - start_time
-        return self.last_eval
+                    return
+            # the epoch ran out
+            self.epoch += 1
+            self.batch_in_epoch = 0
+
+    @torch.no_grad()
+    def check_replicas(self) -> None:
+        """Under DDP every rank holds a full copy of the weights, and after a step they must be equal; a loss
+        computed outside the wrapper's forward has its gradients never all-reduced, and the copies drift apart
+        without an error. Writes <out>/replicas.json (every rank's fingerprint of its parameters) from rank 0,
+        then raises RuntimeError if any differs. (FSDP keeps one sharded copy: nothing to compare.)"""
+        ctx = self.ctx
+        if ctx.mode != "ddp":
+            return
+        prints = ctx.all_gather(fingerprint(list(self.plain.parameters())))  # (world, 3)
+        if ctx.is_main:
+            record = {"world_size": ctx.world_size, "fingerprints": prints.tolist()}
+            atomic_write_bytes(self.out / "replicas.json", json.dumps(record).encode())
+        differ = [r for r in range(ctx.world_size) if not torch.equal(prints[r], prints[0])]
+        if differ:
+            raise RuntimeError(
+                f"after {self.step} steps the DDP replicas differ: rank(s) {differ} hold other weights than rank 0 "
+                f"(fingerprints in {self.out / 'replicas.json'}). The gradients were not all-reduced: the task's "
+                "loss must run through the wrapped model's forward (`model(...)`), not a method of the unwrapped one")
 
     def _eval_and_log(self, metrics: MetricsLogger | None, bar) -> None:
         if self.task.eval_data is None:
@@ -445,7 +507,7 @@ class Trainer:
         if self.cfg.note:
             extra["note"] = self.cfg.note
         extra.update(train_steps=self.step, world_size=self.ctx.world_size, eval_amp=self.cfg.amp,
-                     train_time_s=round(getattr(self, "train_time", 0.0), 1), torch=torch.__version__,
+                     train_time_s=round(self.train_time, 1), torch=torch.__version__,
                      skipped_steps=self.skipped_steps)
         meta["extra"] = extra
         path = self.out / "model.safetensors"
@@ -501,13 +563,13 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
 
 
 def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str, Any]:
-    """Set up, build the family's task, then evaluate, profile or train; returns the final metrics."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    """Set up, build the family's task, then evaluate, profile or train; returns the final metrics.
+
+    A library call: logging is the caller's to configure (a train script's main calls `setup_logging`),
+    and the signal handlers the training loop installs are gone again when it returns or raises."""
     if cfg.deterministic:
         use_deterministic_kernels()
     ctx = init_distributed(cfg.dist, cfg.device)
-    if not ctx.is_main:
-        logging.getLogger().setLevel(logging.WARNING)  # one voice: rank 0
     try:
         seed_everything(cfg.seed)  # same initial weights on every rank
         task = build_task(cfg)
@@ -545,6 +607,13 @@ def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str
         return metrics
     finally:
         ctx.close()
+
+
+def setup_logging(rank: int | None = None) -> None:
+    """Logging for a train script's command line: INFO messages on stderr from rank 0, only warnings and
+    errors from the other ranks (one voice). `rank` defaults to torchrun's RANK."""
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
 
 
 def main_guard(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:
