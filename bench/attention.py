@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from zoo.accel.bench import time_call  # noqa: E402
+from zoo.bench import time_call  # noqa: E402
 from zoo.blocks.attention import attention  # noqa: E402
 
 H, D = 8, 64
@@ -119,7 +119,7 @@ def training_table(with_compile):
 
         def step():
             with accel.autocast("cpu", amp):
-                loss = model.training_loss(idx)
+                loss = model.example_loss(idx)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 import zoo  # noqa: E402
-from zoo.accel.bench import time_call, train_step  # noqa: E402
+from zoo.bench import peer_model, time_call, train_step  # noqa: E402
 from zoo.accel.compile import compile as zoo_compile  # noqa: E402
 
 
@@ -40,11 +40,11 @@ def main():
         torch.manual_seed(0)
         return zoo.load("bert_cls", **config).train()
 
-    def peer_model():
-        return zoo_model().peer_model()[1].train()
+    def transformers_model():
+        return peer_model("bert_cls", zoo_model())[1].train()
 
-    rows = [("transformers", "eager fp32", peer_model, False, False),
-            ("transformers", "bf16 autocast", peer_model, True, False),
+    rows = [("transformers", "eager fp32", transformers_model, False, False),
+            ("transformers", "bf16 autocast", transformers_model, True, False),
             ("zoo", "eager fp32", zoo_model, False, False),
             ("zoo", "bf16 autocast", zoo_model, True, False)]
     if not args.no_compile:

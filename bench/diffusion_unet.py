@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 from zoo.accel.amp import with_autocast  # noqa: E402
-from zoo.accel.bench import count_flops, time_call  # noqa: E402
+from zoo.bench import count_flops, time_call  # noqa: E402
 from zoo.accel.compile import compile as zoo_compile  # noqa: E402
 from zoo.models.diffusion_unet import DiffusionConfig, DiffusionUNet  # noqa: E402
 

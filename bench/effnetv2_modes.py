@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo.accel import cast, quantize  # noqa: E402
-from zoo.accel.bench import time_call  # noqa: E402
+from zoo.bench import time_call  # noqa: E402
 from zoo.accel.compile import compile as zoo_compile  # noqa: E402
 from zoo.data.images import load_image_split, tensor_eval_transform  # noqa: E402
 

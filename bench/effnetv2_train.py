@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 import zoo  # noqa: E402
-from zoo.accel.bench import time_call, train_step  # noqa: E402
+from zoo.bench import time_call, train_step  # noqa: E402
 from zoo.accel.compile import compile as zoo_compile  # noqa: E402
 
 

@@ -18,7 +18,8 @@ import torch
 
 import zoo
 from zoo.accel.amp import cast, grad_scaler, with_autocast
-from zoo.accel.bench import _channels_last, _has_conv, example_loss, time_call
+from zoo.accel.variants import channels_last, has_conv, time_call
+from zoo.bench import example_loss, peer_model
 from zoo.accel.compile import compile as zoo_compile
 
 # (registry config, example_inputs options, batch): sizes where a GPU is busy, not launch-bound
@@ -48,8 +49,8 @@ def inference_modes(device: str, compile_: bool):
     yield "bf16 weights (cast)", lambda m, x: (cast(m, "bf16"), x)
     if compile_:
         def compiled(m, x):
-            if _has_conv(m):
-                m, x = _channels_last(m, x)
+            if has_conv(m):
+                m, x = channels_last(m, x)
             return zoo_compile(cast(m, "bf16"), freeze=True), x
         yield "compile+bf16 weights (frozen)", compiled
 
@@ -78,7 +79,7 @@ def bench_family(name: str, device: str, compile_: bool, batch: int | None = Non
     torch.manual_seed(0)
     model = zoo.load(name, **config).to(device).eval()
     inputs = tuple(t.to(device) for t in model.example_inputs(batch, **example))
-    peer = model.peer_model() if hasattr(model, "peer_model") else None
+    peer = peer_model(name, model)
     shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
     print(f"\n## {name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, inputs {shapes}")
     print(f"{'model':<14} {'inference mode':<32} {'ms/batch':>9} {'items/s':>10} {'ratio':>7}")
@@ -94,28 +95,27 @@ def bench_family(name: str, device: str, compile_: bool, batch: int | None = Non
         baseline = baseline or seconds
         print(row("zoo", mode, seconds, batch, baseline))
     if peer is not None:
-        label, peer_model = peer
-        peer_model = peer_model.to(device).eval()
-        autocast_peer = with_autocast(copy.deepcopy(peer_model), device, "bf16")
-        for mode, runnable in [("eager fp32", peer_model), ("bf16 autocast", autocast_peer)]:
+        label, peer = peer[0], peer[1].to(device).eval()
+        autocast_peer = with_autocast(copy.deepcopy(peer), device, "bf16")
+        for mode, runnable in [("eager fp32", peer), ("bf16 autocast", autocast_peer)]:
             with torch.inference_mode():
                 print(row(label, mode, time_call(lambda: runnable(*inputs), warmup=3, reps=10), batch, baseline))
     print(f"{'model':<14} {'training step':<32} {'ms/step':>9} {'items/s':>10} {'ratio':>7} {'peak MB':>8}")
-    candidates = [("zoo", model)] + ([(peer[0], peer[1].to(device))] if peer is not None else [])
+    candidates = [("zoo", model)] + ([(label, peer)] if peer is not None else [])
     baseline = None
     conv = any(t.dim() in (4, 5) for t in inputs)
     # conv nets train with --channels-last in their train script: measure that too (tensor-core layouts)
     modes = [("fp32", False), ("bf16", False), ("fp16", False)] + ([("bf16", True)] if conv else [])
     for label, m in candidates:
-        for amp, channels_last in modes:
+        for amp, last in modes:
             trainable, x = copy.deepcopy(m).train(), inputs
-            if channels_last:
-                trainable, x = _channels_last(trainable, inputs)
+            if last:
+                trainable, x = channels_last(trainable, inputs)
             _reset_peak()
             seconds = time_call(train_step(trainable, x, amp, device), warmup=2, reps=5)
             peak = _peak_mb()
             baseline = baseline or seconds
-            mode = f"{amp}{' autocast' if amp != 'fp32' else ''}{' + channels_last' if channels_last else ''}"
+            mode = f"{amp}{' autocast' if amp != 'fp32' else ''}{' + channels_last' if last else ''}"
             print(row(label, mode, seconds, batch, baseline) + f" {peak:8.0f}")
             del trainable
     if name == "unet3d_seg":

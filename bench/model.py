@@ -7,7 +7,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from zoo.accel.bench import main  # noqa: E402
+from zoo.bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,6 +13,28 @@ from zoo.registry import register_model, unregister_model
 
 TINY = "tiny_test_cls"
 
+# Without native bf16 (AVX512-BF16 or AMX) the CPU emulates it: bf16 matmuls run ~100x and a bf16 Conv3d
+# ~165x slower than fp32 (measured on an AVX2-only AMD EPYC). Tests about bf16 numerics on tiny tensors run
+# bf16 anyway (milliseconds even when emulated); tests that merely need a fast run (training steps,
+# convolutions, reproducing shipped metrics) ask for `fast_amp()` or skip with `needs_native_bf16`.
+NATIVE_BF16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+NO_NATIVE_BF16 = "this CPU has no native bf16 (no AVX512-BF16, no AMX): bf16 is emulated, ~100x slower than fp32"
+needs_native_bf16 = pytest.mark.skipif(not NATIVE_BF16, reason=NO_NATIVE_BF16)
+
+
+NATIVE_FP16 = torch.cpu._is_amx_fp16_supported()
+
+
+def fast_amp(recorded: str = "bf16") -> str:
+    """The `--amp` value to run a CPU test in: `recorded` where this CPU runs it natively, else "off" (fp32)."""
+    native = {"bf16": NATIVE_BF16, "fp16": NATIVE_FP16}.get(recorded, True)
+    return recorded if native else "off"
+
+
+def fast_dtype() -> torch.dtype:
+    """bf16 where this CPU has native bf16, else fp32."""
+    return torch.bfloat16 if NATIVE_BF16 else torch.float32
+
 
 @dataclass(frozen=True)
 class TinyConfig:
@@ -42,23 +64,28 @@ class TinyNet(ZooModel):
     def forward(self, x):
         return self.head(self.norm(self.body(x)))
 
-    def cli_predict(self, inputs, **options):
-        if not inputs:
-            raise ValueError("give numbers")
-        x = torch.tensor([[float(v) for v in inputs]])
-        probs = self(x).softmax(-1)[0].tolist()
-        return {"probs": probs}, " ".join(f"{p:.3f}" for p in probs)
 
-    def demo(self):
-        return "tiny demo ran"
+
+def tiny_predict(model, inputs):
+    """`zoo predict tiny_test_cls 1 2 3 4`: class probabilities of one row of numbers."""
+    if not inputs:
+        raise ValueError("give numbers")
+    x = torch.tensor([[float(v) for v in inputs]])
+    probs = model(x).softmax(-1)[0].tolist()
+    return {"probs": probs}, " ".join(f"{p:.3f}" for p in probs)
 
 
 @pytest.fixture
 def tiny():
-    """Register TinyNet as `tiny_test_cls` for one test."""
+    """Register TinyNet as `tiny_test_cls` (with a `zoo predict` adapter and a demo) for one test."""
+    from zoo import demo, predict
     register_model(TINY, config=TinyConfig)(TinyNet)
+    predict.ADAPTERS[TINY], demo.DEMOS[TINY] = tiny_predict, (lambda model: "tiny demo ran")
     yield TINY
+    # not monkeypatch: fixtures that depend on this one patch the registry entry, and theirs must be undone first
     unregister_model(TINY)
+    predict.ADAPTERS.pop(TINY)
+    demo.DEMOS.pop(TINY)
 
 
 @pytest.fixture

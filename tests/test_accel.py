@@ -211,7 +211,7 @@ def test_checkpointing_gives_identical_gradients(policy):
 
     def grads():
         model.zero_grad()
-        model.training_loss(x).backward()
+        model.example_loss(x).backward()
         return [p.grad.clone() for p in model.parameters()]
 
     plain = grads()
@@ -268,7 +268,7 @@ def test_optimize_never_slower_than_eager_and_within_tolerance():
 
 
 def test_bench_harness_prints_side_by_side_rows_with_config_and_size(capsys):
-    from zoo.accel.bench import main as bench_main
+    from zoo.bench import main as bench_main
     argv = ["effnetv2_cls", "--config", "variant=b0", "num_classes=10", "--size", "32", "--batch", "2",
             "--no-compile", "--no-int8", "--no-memory", "--reps", "1"]
     assert bench_main(argv) == 0

@@ -10,7 +10,7 @@ import torch
 
 import zoo
 from zoo.accel.amp import autocast, grad_scaler
-from zoo.accel.bench import example_loss
+from zoo.bench import example_loss
 from zoo.blocks.attention import attention
 
 from .test_train import TINY, corpus, run, torchrun, train_losses  # noqa: F401 (corpus is a fixture)

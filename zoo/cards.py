@@ -46,7 +46,7 @@ def model_info(name: str) -> dict[str, Any]:
         "class": f"{entry.model_cls.__module__}.{entry.model_cls.__qualname__}",
         "params": count_parameters(entry, config),
         "config": dataclasses.asdict(config),
-        "variants": sorted(getattr(entry.model_cls, "variants", {}) or []),
+        "variants": sorted(entry.model_cls.variants),
         "default_weights": entry.default_tag,
         "weights": {tag: {"file": entry.weights[tag], "dataset": m.dataset, "metrics": m.metrics,
                           "command": m.command, "dtype": m.dtype}

@@ -60,14 +60,15 @@ def _options(extra: list[str]) -> dict[str, str]:
 
 def cmd_predict(args, extra) -> int:
     import zoo
+    from zoo import predict
     entry = zoo.registry.get_entry(args.name)
-    if not hasattr(entry.model_cls, "cli_predict"):
-        raise ValueError(f"{args.name} does not support `zoo predict` yet")
+    if args.name not in predict.ADAPTERS:
+        raise ValueError(f"{args.name} does not support `zoo predict` yet (no adapter in zoo/predict.py)")
     pretrained = args.pretrained if args.pretrained is not None else (entry.default_tag is not None)
     if pretrained is False:
         logging.getLogger("zoo").warning("%s has no shipped weights: predicting with random weights", args.name)
     model = zoo.load(args.name, pretrained=pretrained)
-    result, text = model.cli_predict(args.inputs, **_options(extra))
+    result, text = predict.run(args.name, model, args.inputs, _options(extra))
     print(json.dumps(result, indent=2) if args.json else text)
     return 0
 
@@ -75,24 +76,21 @@ def cmd_predict(args, extra) -> int:
 def cmd_demo(args) -> int:
     import zoo
     from tqdm import tqdm
+
+    from zoo.demo import demo
     names = [n for n in zoo.list_models() if zoo.registry.get_entry(n).default_tag is not None]
     if not names:
         print("no model has shipped weights yet; nothing to demo")
         return 0
-    reports = []
-    for name in tqdm(names, desc="zoo demo", unit="model"):
-        model = zoo.load(name, pretrained=True)
-        if hasattr(model, "demo"):
-            reports.append(f"== {name} ==\n{model.demo()}")
-        else:  # a family without a demo still shows what its shipped weights measured
-            reports.append(f"== {name} ==\nmetrics of the shipped weights: {model.pretrained_meta.metrics}")
+    reports = [f"== {name} ==\n{demo(name, zoo.load(name, pretrained=True))}"
+               for name in tqdm(names, desc="zoo demo", unit="model")]
     print("\n\n".join(reports))
     return 0
 
 
 def cmd_bench(args, extra) -> int:
-    from zoo.accel.bench import main as bench_main
-    return bench_main([args.name, *extra])
+    from zoo.bench import main as bench_main
+    return bench_main(extra)
 
 
 def cmd_cards(args) -> int:
@@ -129,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="*")
     p.add_argument("--pretrained", default=None, help="weights tag, path or hf:// URI (default: shipped)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p = sub.add_parser("bench", help="benchmark a model (eager, bf16, compile, int8)")
-    p.add_argument("name")
+    # the harness parses its own options, so `zoo bench --help` shows them
+    sub.add_parser("bench", help="benchmark a model (eager, bf16, compile, int8); see zoo bench --help",
+                   add_help=False)
     sub.add_parser("demo", help="run every model with shipped weights on built-in inputs")
     p = sub.add_parser("cards", help="regenerate MODEL_CARDS.md")
     p.add_argument("--out", default="MODEL_CARDS.md")

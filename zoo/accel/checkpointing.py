@@ -65,11 +65,12 @@ def checkpointed_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def _block_list(model: nn.Module) -> list[nn.Module]:
-    blocks = getattr(model, "checkpoint_blocks", None)
-    if blocks is None:
-        raise ValueError(f"{type(model).__name__} does not list its blocks (a `checkpoint_blocks` property); "
-                         "pass a callable policy such as lambda m: isinstance(m, MyBlock)")
-    return list(blocks)
+    from zoo.models.base import ZooModel
+    if not isinstance(model, ZooModel):
+        raise ValueError(f"{type(model).__name__} is not a zoo model, so it does not list its blocks "
+                         "(ZooModel.checkpoint_blocks); pass a callable policy such as "
+                         "lambda m: isinstance(m, MyBlock)")
+    return list(model.checkpoint_blocks)
 
 
 def checkpointing(model: nn.Module, policy: str | Callable[[nn.Module], bool] = "blocks", *, k: int = 2) -> nn.Module:
@@ -77,7 +78,8 @@ def checkpointing(model: nn.Module, policy: str | Callable[[nn.Module], bool] = 
 
     Gradients are identical to the plain model's: only what is kept for backward changes.
     """
-    model = getattr(model, "_orig_mod", model)
+    from zoo.models.base import unwrap
+    model = unwrap(model)
     for m in model.modules():
         _unwrap(m)
     if policy == "none":

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from zoo._io import atomic_path
+from zoo.models.base import unwrap
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def export_program(model: nn.Module, example_inputs: tuple, *, dynamic_batch: bo
                    dynamic_dims: dict[int, tuple[int, ...]] | None = None) -> torch.export.ExportedProgram:
     """torch.export of the (uncompiled) model in eval mode; `dynamic_dims` e.g. {0: (1,)} makes dim 1 of
     input 0 (a sequence length) dynamic besides the batch."""
-    model = getattr(model, "_orig_mod", model).eval()
+    model = unwrap(model).eval()
     example_inputs = tuple(example_inputs)
     return torch.export.export(model, example_inputs,
                                dynamic_shapes=_dynamic_shapes(example_inputs, dynamic_batch, dynamic_dims))
@@ -75,7 +76,7 @@ def check_onnx(path: str | os.PathLike, model: nn.Module, inputs: tuple, *, atol
     feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), inputs)}
     got = session.run(None, feeds)
     with torch.no_grad():
-        want = getattr(model, "_orig_mod", model).eval()(*inputs)
+        want = unwrap(model).eval()(*inputs)
     want = [want] if isinstance(want, torch.Tensor) else list(want)
     worst = 0.0
     for g, w in zip(got, want):

@@ -12,7 +12,8 @@ import logging
 import torch
 from torch import nn
 
-from zoo.accel.bench import time_call, variants_for
+from zoo.accel.variants import time_call, variants_for
+from zoo.models.base import unwrap
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def optimize(model: nn.Module, example_inputs: tuple, *, tolerance: float = 0.05
     the variant for the example only, so convert your inputs the same way for that mode).
     """
     example_inputs = tuple(example_inputs)
-    model = getattr(model, "_orig_mod", model).eval()
+    model = unwrap(model).eval()
     with torch.inference_mode():
         reference = model(*example_inputs)
     results = []

@@ -17,6 +17,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from zoo.models.base import unwrap
+
 log = logging.getLogger(__name__)
 
 __all__ = ["quantize", "model_size_bytes", "METHODS"]
@@ -65,7 +67,7 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
         raise ValueError(f"unknown quantization method {method!r}; choose {', '.join(METHODS)}")
     if backend not in ("torchao", "pt2e"):
         raise ValueError(f"unknown quantization backend {backend!r}; choose torchao or pt2e")
-    plain = getattr(model, "_orig_mod", model)
+    plain = unwrap(model)
     qmodel = copy.deepcopy(plain).eval()
     if method == "int8_static":
         if not _has(qmodel, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):

@@ -240,26 +240,7 @@ class DiffusionUNet(ZooModel):
         self.train(was_training)
         return torch.cat(out)
 
-    # ------------------------------------------------------------------ CLI and benchmarking
-
-    def cli_predict(self, inputs: list[str], classes: str = "", n: str = "16", out: str = "grid.png",
-                    steps: str = "50", sampler: str = "ddim", guidance: str = "2.0", seed: str = "0"):
-        from torchvision.utils import save_image
-        count = int(n)
-        labels = [int(v) for v in classes.split(",")] if classes else None
-        if labels is not None:
-            labels = (labels * (count // len(labels) + 1))[:count]  # cycle the given classes
-        images = self.sample(count, classes=labels, steps=int(steps), sampler=sampler, guidance=float(guidance),
-                             seed=int(seed))
-        save_image(images, out, nrow=max(1, int(count ** 0.5)))
-        return {"out": out, "n": count, "classes": labels}, f"wrote {count} samples to {out}"
-
-    def demo(self) -> str:
-        import tempfile
-        path = f"{tempfile.gettempdir()}/zoo_diffusion_demo.png"
-        self.cli_predict([], classes="0,1,2,3,4,5,6,7,8,9", n="20", out=path, steps="50")
-        metrics = self.pretrained_meta.metrics if self.pretrained_meta else {}
-        return f"20 guided DDIM-50 samples of the digits 0-9 in {path}; recognition rate {metrics.get('recognition')}"
+    # ------------------------------------------------------------------ benchmarking
 
     def example_inputs(self, batch: int = 16) -> tuple[Tensor, Tensor, Tensor]:
         c = self.config

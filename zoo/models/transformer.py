@@ -113,9 +113,11 @@ class TransformerLM(ZooModel):
     bench_batch = 8
 
     def example_inputs(self, batch: int = 8) -> tuple[Tensor]:
-        return (torch.randint(0, self.config.vocab_size, (batch, self.config.context)),)
+        g = torch.Generator().manual_seed(0)  # deterministic, as the ZooModel contract asks
+        return (torch.randint(0, self.config.vocab_size, (batch, self.config.context), generator=g),)
 
-    def training_loss(self, idx: Tensor) -> Tensor:
+    def example_loss(self, idx: Tensor) -> Tensor:
+        # next-token loss on the example batch itself
         return self.loss(idx[:, :-1], idx[:, 1:])
 
     # ------------------------------------------------------------------ generation
@@ -178,20 +180,3 @@ class TransformerLM(ZooModel):
             drop = cumulative - sorted_logits.softmax(-1) > top_p  # keep the smallest set reaching top_p
             logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
         return torch.multinomial(logits.softmax(-1), 1, generator=generator)
-
-    # ------------------------------------------------------------------ CLI
-
-    def cli_predict(self, inputs: list[str], max_new_tokens: str = "300", temperature: str = "0.8",
-                    top_k: str = "", top_p: str = "", seed: str = "0"):
-        if not inputs:
-            raise ValueError("give a prompt, e.g. zoo predict transformer_lm \"ROMEO:\"")
-        prompt = " ".join(inputs)
-        text = self.generate(prompt, int(max_new_tokens), temperature=float(temperature),
-                             top_k=int(top_k) if top_k else None, top_p=float(top_p) if top_p else None,
-                             seed=int(seed))
-        return {"prompt": prompt, "text": text}, text
-
-    def demo(self) -> str:
-        text = self.generate("ROMEO:", 200, temperature=0.8, seed=0)
-        loss = (self.pretrained_meta.metrics or {}).get("val_loss") if self.pretrained_meta else None
-        return f"sample (200 chars, T=0.8, seed 0; validation loss {loss}):\n{text}"

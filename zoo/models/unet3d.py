@@ -164,31 +164,10 @@ class UNet3d(ZooModel):
         self.train(was_training)
         return logits[0].argmax(0)
 
-    def cli_predict(self, inputs: list[str], out: str = "", window: str = "64"):
-        import numpy as np
-        if len(inputs) != 1:
-            raise ValueError("give one volume file (.npy of shape (D, H, W) or (C, D, H, W))")
-        volume = torch.as_tensor(np.load(inputs[0], allow_pickle=False)).float()
-        volume = volume[None] if volume.dim() == 3 else volume
-        labels = self.predict_volume(volume, window=int(window))
-        out = out or inputs[0].rsplit(".npy", 1)[0] + "_pred.npy"
-        np.save(out, labels.numpy().astype(np.uint8))
-        counts = {int(k): int(v) for k, v in zip(*torch.unique(labels, return_counts=True))}
-        text = f"wrote {out}; voxels per class: " + ", ".join(f"{k}: {v}" for k, v in counts.items())
-        return {"out": out, "voxels_per_class": counts}, text
-
-    def demo(self) -> str:
-        from zoo.data.volumes import synthetic_volume
-        image, label = synthetic_volume(10_000, (64, 64, 64), self.config.num_classes)
-        pred = self.predict_volume(image, window=48)
-        dice = dice_per_class(pred, label, self.config.num_classes)
-        return "held-out synthetic volume (seed 10000), Dice per foreground class: " + ", ".join(
-            f"{k}: {v:.3f}" for k, v in dice.items())
-
     def example_inputs(self, batch: int = 1, size: int = 64) -> tuple[Tensor]:
         return (torch.randn(batch, self.config.in_chans, size, size, size, generator=torch.Generator().manual_seed(0)),)
 
-    def training_loss(self, x: Tensor) -> Tensor:
+    def example_loss(self, x: Tensor) -> Tensor:
         """Dice + CE against an all-background target: a fixed training step for benchmarks."""
         out = self(x)
         logits = out[0] if isinstance(out, list) else out

@@ -9,59 +9,55 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import inspect
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 
-from zoo.accel.amp import cast, with_autocast
-from zoo.accel.compile import compile as zoo_compile
+from zoo.accel.hardware import cpu_class, native_cpu_dtype
+from zoo.accel.variants import Variant, time_call, variants_for
+from zoo.models.base import ZooModel
 
-__all__ = ["time_call", "example_loss", "matmul_peak_gflops", "count_flops", "Variant", "variants_for", "bench_rows", "train_step",
-           "format_table", "main"]
+__all__ = ["time_call", "example_loss", "matmul_peak_gflops", "count_flops", "bench_rows", "train_step",
+           "peer_model", "format_table", "main"]
 
-
-def time_call(fn: Callable[[], object], *, warmup: int = 2, reps: int = 5, min_time: float = 0.0) -> float:
-    """Median seconds per call after warm-up (the first compiled calls are warm-up); on a machine where
-    CUDA is in use, each call is timed to the end of its GPU work."""
-    for _ in range(warmup):
-        fn()
-    _cuda_sync()
-    times = []
-    while len(times) < reps or sum(times) < min_time:
-        t0 = time.perf_counter()
-        fn()
-        _cuda_sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _cuda_sync() -> None:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+ROOT = Path(__file__).resolve().parent.parent  # the source checkout, where bench/peers.py lives
 
 
 def example_loss(model: nn.Module, inputs: tuple) -> torch.Tensor:
-    """The loss of a training step on `model.example_inputs(...)`: the model's `example_loss` where its
-    example inputs are not its training_loss's arguments, else its `training_loss`, else the mean output
-    (of `.logits` for transformers-style outputs)."""
-    for method in ("example_loss", "training_loss"):
-        if hasattr(model, method):
-            return getattr(model, method)(*inputs)
+    """The loss of a training step on `example_inputs()`: a zoo model's own `example_loss`; for a peer
+    library's model the mean output (of `.logits` for transformers-style outputs)."""
+    if isinstance(model, ZooModel):
+        return model.example_loss(*inputs)
     out = model(*inputs)
     return (out.logits if hasattr(out, "logits") else out).float().mean()
 
 
-def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048) -> float:
+def peer_model(name: str, model: ZooModel) -> tuple[str, nn.Module] | None:
+    """(label, the peer library's model with `model`'s weights) from bench/peers.py, which lives in the source
+    checkout only (peers need diffusers, MONAI, ... and are no part of the package); None without one."""
+    path = ROOT / "bench" / "peers.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("zoo_bench_peers", path)  # by path: sys.path stays as it is
+    peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peers)
+    return peers.PEERS[name](model) if name in peers.PEERS else None
+
+
+def matmul_peak_gflops(dtype: torch.dtype, n: int | None = None) -> float:
+    # an emulated dtype (bf16 without AVX512-BF16/AMX: ~1 GFLOP/s) measures the same on a smaller matrix,
+    # in a second instead of two minutes
+    n = n or (2048 if native_cpu_dtype(dtype) else 256)
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     seconds = time_call(lambda: torch.mm(a, b), warmup=2, reps=5)
     return 2 * n ** 3 / seconds / 1e9
@@ -72,56 +68,6 @@ def count_flops(model: nn.Module, inputs: tuple) -> int:
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(*inputs)
     return counter.get_total_flops()
-
-
-def _has_conv(model: nn.Module) -> bool:
-    return any(isinstance(m, (nn.Conv2d, nn.Conv3d)) for m in model.modules())
-
-
-@dataclass
-class Variant:
-    name: str
-    build: Callable[[nn.Module, tuple], tuple[nn.Module, tuple]]  # (model, inputs) -> (runnable, inputs)
-    compiled: bool = False
-
-
-def _channels_last(model, inputs):
-    fmt = torch.channels_last if inputs[0].dim() == 4 else torch.channels_last_3d
-    return model.to(memory_format=fmt), tuple(t.to(memory_format=fmt) if t.dim() in (4, 5) else t for t in inputs)
-
-
-def _int8(model, inputs):
-    from zoo.accel.quantize import quantize
-    # both int8 paths reach int8 kernels only through inductor with frozen weights: PT2E leaves reference
-    # quantize/dequantize ops that ran at 0.36x eager fp32 uncompiled (EfficientNetV2-S)
-    if _has_conv(model):
-        model, inputs = _channels_last(model, inputs)
-        return zoo_compile(quantize(model, "int8_static", calibration=[inputs]), freeze=True), inputs
-    return zoo_compile(quantize(model, "int8_dynamic", backend="pt2e", example_inputs=inputs), freeze=True), inputs
-
-
-def _compiled_bf16(model, inputs):
-    # bf16 weights rather than autocast: no per-call weight casts, half the bytes in norms and activations
-    if _has_conv(model):
-        model, inputs = _channels_last(model, inputs)
-    return zoo_compile(cast(model, "bf16"), freeze=True), inputs
-
-
-def variants_for(model: nn.Module, *, compile: bool = True, int8: bool = True) -> list[Variant]:
-    """The inference modes for `model`; compiled ones freeze the weights (inference only)."""
-    conv = _has_conv(model)
-    out = [Variant("eager fp32", lambda m, x: (m, x))]
-    if conv:
-        out.append(Variant("channels_last", _channels_last))
-    out.append(Variant("bf16 autocast", lambda m, x: (with_autocast(m, "cpu", "bf16"), x)))
-    if compile:
-        out.append(Variant("compile", lambda m, x: (zoo_compile(m, freeze=True), x), compiled=True))
-        out.append(Variant("compile+bf16 cast" + ("+channels_last" if conv else ""), _compiled_bf16,
-                           compiled=True))
-    if int8:
-        out.append(Variant("int8 static (PT2E, compiled)" if conv else "int8 dynamic (PT2E, compiled)", _int8,
-                           compiled=True))
-    return out
 
 
 def bench_rows(model: nn.Module, inputs: tuple, variants: list[Variant], *, label: str = "zoo",
@@ -164,10 +110,9 @@ def train_step_peak_mb(name: str, batch: int, checkpointing: str = "none", amp: 
 
     `name` is a registry model, or "module:function" for a peer: function(batch, **example) returns
     (model, inputs), the loss as `example_loss` takes it."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0",
-               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    code = (f"from zoo.accel.bench import _train_step_child; _train_step_child({name!r}, {batch}, "
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    code = (f"from zoo.bench import _train_step_child; _train_step_child({name!r}, {batch}, "
             f"{checkpointing!r}, {amp!r}, {config or {}!r}, {example or {}!r})")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
@@ -182,7 +127,6 @@ def _train_step_child(name: str, batch: int, checkpointing: str, amp: str, confi
     from zoo.accel.amp import autocast
     from zoo.accel.checkpointing import checkpointing as apply_checkpointing
     if ":" in name:  # a peer library's model, built by a bench script
-        import importlib
         module, function = name.split(":")
         model, inputs = getattr(importlib.import_module(module), function)(batch, **example)
         model.train()
@@ -257,9 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--config takes KEY=VALUE pairs, got {item!r}")
         overrides[key] = int(value) if value.lstrip("-").isdigit() else value
     model = zoo.load(args.name, **overrides)
-    if not hasattr(model, "example_inputs"):
-        raise ValueError(f"{args.name} does not define example_inputs(); it cannot be benchmarked yet")
-    batch = args.batch or getattr(model, "bench_batch", 8)
+    batch = args.batch or model.bench_batch
     if args.size is not None and "size" not in inspect.signature(model.example_inputs).parameters:
         raise ValueError(f"{args.name}'s example inputs have no size to set; leave out --size")
     example = {"size": args.size} if args.size is not None else {}
@@ -270,15 +212,16 @@ def main(argv: list[str] | None = None) -> int:
     params = sum(p.numel() for p in model.parameters())
     shapes = ", ".join(str(tuple(t.shape)) if isinstance(t, torch.Tensor) else repr(t) for t in inputs)
     print(f"{args.name}: {params / 1e6:.2f}M params, {flops / 1e9:.2f} GFLOP per batch of {shapes}; "
-          f"{torch.get_num_threads()} threads; matmul peak fp32 {peaks['fp32']:.0f}, bf16 {peaks['bf16']:.0f} GFLOP/s")
+          f"{torch.get_num_threads()} threads; CPU {cpu_class()}; matmul peak fp32 {peaks['fp32']:.0f}, "
+          f"bf16 {peaks['bf16']:.0f} GFLOP/s")
     rows = bench_rows(model, inputs, variants_for(model, compile=not args.no_compile, int8=not args.no_int8),
                       reps=args.reps)
-    if not args.no_peer and hasattr(model, "peer_model"):
-        peer = model.peer_model()
+    if not args.no_peer:
+        peer = peer_model(args.name, model)
         if peer is not None:
-            label, peer_model = peer  # a peer takes the zoo model's inputs
+            label, peer = peer  # a peer takes the zoo model's inputs
             baseline = rows[0].get("ms", 0) / 1e3 or None
-            rows += bench_rows(peer_model, inputs, [v for v in variants_for(peer_model, compile=False, int8=False)],
+            rows += bench_rows(peer, inputs, variants_for(peer, compile=False, int8=False),
                                label=label, reps=args.reps, baseline_s=baseline)
     print(format_table(rows, flops, peaks))
     memory = {}
