@@ -9,6 +9,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from zoo.models.base import unwrap
+
 log = logging.getLogger(__name__)
 
 __all__ = ["compile", "explain", "is_compiled"]
@@ -111,6 +113,6 @@ def is_compiled(model: nn.Module) -> bool:
 def explain(model: nn.Module, *inputs, **kwargs):
     """The graph-break report of torch._dynamo.explain: `.graph_break_count`, `.break_reasons`, `.graph_count`."""
     import torch._dynamo
-    target = getattr(model, "_orig_mod", model)
+    target = unwrap(model)
     torch._dynamo.reset()
     return torch._dynamo.explain(target.forward)(*inputs, **kwargs)
