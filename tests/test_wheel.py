@@ -1,6 +1,7 @@
 """A built wheel carries the shipped weights: install it in a fresh venv and load from elsewhere."""
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -12,7 +13,8 @@ CHECK = """
 import json, zoo
 from zoo.weights import weights_dir, read_manifest
 from zoo.registry import get_entry
-assert "site-packages" in zoo.__file__, zoo.__file__
+import sys
+assert zoo.__file__.startswith(sys.prefix) and "site-packages" in zoo.__file__, zoo.__file__  # the wheel's copy
 assert weights_dir().name == "_weights", weights_dir()
 manifest = read_manifest()
 loaded = []
@@ -33,10 +35,18 @@ def test_wheel_carries_weights_and_loads(tmp_path):
                     "-w", str(wheel_dir), "-q"], check=True, cwd=tmp_path)
     wheel = next(wheel_dir.glob("zoo-*.whl"))
     env_dir = tmp_path / "venv"
-    # system site-packages provide torch & co.; the wheel itself is installed fresh into the venv
-    venv.create(env_dir, system_site_packages=True, with_pip=True)
+    venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True)
+    # torch & co. come from the interpreter running the tests, which may itself be a venv (there
+    # system_site_packages would reach the bare base interpreter, without torch). A .pth file appends
+    # this interpreter's site-packages to the new venv's sys.path, after the venv's own, so the wheel's
+    # zoo wins; plain path lines, so that interpreter's .pth files (an editable zoo) are not processed.
+    # Written after the install, so pip saw only the fresh venv.
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    (Path(purelib) / "_zoo_test_parent_site.pth").write_text("".join(f"{path}\n" for path in ours))
     result = subprocess.run([str(python), "-c", CHECK], cwd=tmp_path, capture_output=True, text=True,
                             env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
