@@ -2,7 +2,7 @@
 
 The encoder is BERT as published (post-norm layers, learned absolute positions, token types, tanh
 pooler) on the package's one attention function; `convert_foreign` maps any Hugging Face BERT
-checkpoint (BertModel or BertForSequenceClassification layout) key by key with a shape check on each,
+checkpoint (BertModel or any BertFor* layout, other task heads dropped) key by key with a shape check on each,
 and `to_hf_state_dict` maps back. Tokenisation uses the checkpoint's own fast tokenizer.
 """
 from __future__ import annotations
@@ -189,15 +189,28 @@ class BertClassifier(ZooModel):
     # ------------------------------------------------------------------ Hugging Face checkpoints
 
     @classmethod
-    def convert_foreign(cls, state_dict: dict[str, Tensor], folder: Path | None) -> tuple[dict, dict]:
-        """A Hugging Face BERT state dict (+ its config.json) -> (zoo state dict, zoo config dict)."""
+    def convert_foreign(cls, state_dict: dict[str, Tensor], folder: Path | None) -> tuple[dict, dict | None]:
+        """A Hugging Face BERT state dict (+ its config.json) -> (zoo state dict, zoo config dict).
+
+        Every layout transformers writes for BERT loads: BertModel (no `bert.` prefix) and the BertFor*
+        task models. The encoder is mapped key by key; a sequence classifier becomes the head; other task
+        heads (masked-LM / next-sentence `cls.`, span `qa_outputs.`, a token or multiple-choice
+        `classifier.`) are dropped with one log line; a missing pooler (BertForMaskedLM,
+        ...ForTokenClassification, ...ForQuestionAnswering have none) is initialised with a warning.
+        zoo's own keys without metadata (e.g. `torch.save(model.state_dict())`) pass through.
+        """
+        if "bert.embeddings.word.weight" in state_dict:
+            head = state_dict.get("head.weight")
+            return state_dict, ({"num_classes": head.shape[0]} if head is not None else None)
         config_file = folder / "config.json" if folder is not None else None
         if config_file is None or not config_file.is_file():
-            raise ValueError("a Hugging Face BERT checkpoint needs its config.json beside the weights")
+            raise ValueError("a Hugging Face BERT checkpoint needs its config.json beside the weights "
+                             f"(none in {folder}); `BertConfig(...).save_pretrained(folder)` writes one")
         hf = json.loads(config_file.read_text())
         if hf.get("model_type", "bert") != "bert" or hf.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"{config_file}: only BERT with absolute positions is supported "
-                             f"(model_type={hf.get('model_type')!r})")
+            raise ValueError(f"{config_file}: only BERT with absolute positions is supported (model_type="
+                             f"{hf.get('model_type')!r}, position_embedding_type={hf.get('position_embedding_type')!r});"
+                             " checkpoints of any transformers Bert* class with model_type 'bert' load")
         if hf.get("hidden_act", "gelu") != "gelu":
             raise ValueError(f"{config_file}: hidden_act {hf['hidden_act']!r} is not supported (BERT uses gelu)")
         config = {"hidden": hf["hidden_size"], "layers": hf["num_hidden_layers"], "heads": hf["num_attention_heads"],
@@ -209,25 +222,47 @@ class BertClassifier(ZooModel):
                   "tokenizer": _tokenizer_spec(folder)}
         config["variant"] = next((name for name, sizes in PRESETS.items() if sizes == (
             config["hidden"], config["layers"], config["heads"], config["intermediate"])), "bert-base")
+        architecture = (hf.get("architectures") or [None])[0]
         prefix = "bert." if any(k.startswith("bert.") for k in state_dict) else ""
-        mapped = {}
+
+        # the task heads: a sequence classifier is ours; the rest is dropped
+        classifier = [k for k in ("classifier.weight", "classifier.bias") if k in state_dict]
+        dropped = sorted(k for k in state_dict if k.startswith(_HF_OTHER_HEADS))
+        if classifier and architecture in _HF_OTHER_CLASSIFIERS:
+            dropped, classifier = sorted(dropped + classifier), []
+
+        mapped, taken = {}, set()
         for ours, theirs in _hf_key_map(config["layers"]).items():
-            if ours.endswith("qkv.weight") or ours.endswith("qkv.bias"):
-                kind = ours.rsplit(".", 1)[1]
-                parts = [state_dict.get(f"{prefix}{t}.{kind}") for t in theirs]
-                if any(p is None for p in parts):
-                    continue  # reported as missing by the loader
-                mapped[ours] = torch.cat(parts, dim=0)
-            elif f"{prefix}{theirs}" in state_dict:
-                mapped[ours] = state_dict[f"{prefix}{theirs}"]
-        if "classifier.weight" in state_dict:
+            kind = ours.rsplit(".", 1)[1]
+            names = [f"{prefix}{t}.{kind}" for t in theirs] if isinstance(theirs, tuple) else [f"{prefix}{theirs}"]
+            if all(n in state_dict for n in names):
+                mapped[ours] = torch.cat([state_dict[n] for n in names], 0) if len(names) > 1 else state_dict[names[0]]
+                taken.update(names)
+        pooler = [f"{prefix}pooler.dense.{kind}" for kind in ("weight", "bias")]
+        missing = sorted(_hf_used_keys(config["layers"], prefix) - taken - set(pooler))
+        ignored = {f"{prefix}embeddings.position_ids", f"{prefix}embeddings.token_type_ids"}  # buffers, not weights
+        unexpected = sorted(set(state_dict) - taken - ignored - set(dropped) - set(classifier))
+        if missing or unexpected:
+            problems = [f"{len(keys)} {what} keys: {', '.join(keys[:12])}" + (" ..." if len(keys) > 12 else "")
+                        for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
+            raise ValueError(f"{folder}: not a BERT checkpoint bert_cls can load ({'; '.join(problems)}). It loads "
+                             "the state dicts of BertModel and every BertFor* class of transformers, with or without "
+                             "the `bert.` prefix, and zoo's own keys")
+        if classifier:
+            if len(classifier) != 2:
+                raise ValueError(f"{folder}: the classifier has only {classifier[0]}; a sequence classifier needs "
+                                 "classifier.weight and classifier.bias")
             mapped["head.weight"], mapped["head.bias"] = state_dict["classifier.weight"], state_dict["classifier.bias"]
             config["num_classes"] = state_dict["classifier.weight"].shape[0]
-        used = _hf_used_keys(config["layers"], prefix) | {"classifier.weight", "classifier.bias"}
-        ignored = {f"{prefix}embeddings.position_ids"}
-        unexpected = sorted(set(state_dict) - used - ignored)
-        if unexpected:
-            raise ValueError(f"{folder}: keys a BERT checkpoint should not have: {', '.join(unexpected[:12])}")
+        if dropped:
+            log.info("%s: %s heads that are not a sequence classifier dropped: %s", folder,
+                     architecture or "transformers", ", ".join(dropped))
+        if "bert.pooler.weight" not in mapped:
+            # BERT's pooler init, N(0, 0.02) and zero bias; it trains with the head
+            mapped["bert.pooler.weight"] = torch.randn(config["hidden"], config["hidden"]) * 0.02
+            mapped["bert.pooler.bias"] = torch.zeros(config["hidden"])
+            warnings.warn(f"BertClassifier: pooler initialised ({architecture or 'the checkpoint'} has none); "
+                          f"not in {folder}: bert.pooler.weight, bert.pooler.bias", UserWarning, stacklevel=3)
         return mapped, config
 
     # ------------------------------------------------------------------ use
@@ -341,6 +376,13 @@ def layerwise_param_groups(model: BertClassifier, lr: float, weight_decay: float
         key = (lr * decay ** depth, weight_decay if p.dim() >= 2 and "embeddings" not in name else 0.0)
         groups.setdefault(key, []).append(p)
     return [{"params": ps, "lr": group_lr, "weight_decay": wd} for (group_lr, wd), ps in groups.items()]
+
+
+# task heads of transformers' BertFor* classes that a sequence classifier has no use for: masked-LM and
+# next-sentence (`cls.`: BertForPreTraining, ...ForMaskedLM, ...ForNextSentencePrediction), answer spans
+_HF_OTHER_HEADS = ("cls.", "qa_outputs.")
+# classes whose `classifier.` scores tokens or choices, not sequences
+_HF_OTHER_CLASSIFIERS = ("BertForTokenClassification", "BertForMultipleChoice")
 
 
 def _hf_key_map(layers: int) -> dict[str, str | tuple[str, ...]]:

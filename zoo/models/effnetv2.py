@@ -270,6 +270,34 @@ class EfficientNetV2(ZooModel):
             self.head.to(next(self.parameters()).device)
         self.config = dataclasses.replace(self.config, num_classes=num_classes)
 
+    # ------------------------------------------------------------------ foreign checkpoints
+
+    @classmethod
+    def convert_foreign(cls, state_dict: dict[str, Tensor], folder=None) -> tuple[dict[str, Tensor], dict]:
+        """A state dict without zoo metadata, its layout detected: torchvision's `efficientnet_v2_{s,m,l}` (its
+        `state_dict()` saved with torch.save) or zoo's own keys; the variant and num_classes come from the shapes."""
+        if "stem.conv.weight" in state_dict:
+            layout, convert = "zoo", _check_zoo_layout
+            num_classes = state_dict["head.weight"].shape[0] if "head.weight" in state_dict else 0
+            extra = {"in_chans": state_dict["stem.conv.weight"].shape[1]}
+        elif "features.0.0.weight" in state_dict and "classifier.1.weight" in state_dict:
+            layout, convert, extra = "torchvision", from_torchvision, {}
+            num_classes = state_dict["classifier.1.weight"].shape[0]
+        else:
+            keys = sorted(state_dict)
+            raise ValueError(f"state dict with keys {', '.join(keys[:6])}{' ...' if len(keys) > 6 else ''} is neither "
+                             "zoo's EfficientNetV2 nor torchvision's; effnetv2_cls loads a zoo weights file, a "
+                             "torchvision efficientnet_v2_{s,m,l} state dict, or pretrained='torchvision' "
+                             "(timm layouts are not supported yet)")
+        tried = []
+        for variant in (("s", "m", "l") if layout == "torchvision" else tuple(VARIANTS)):
+            config = EffNetV2Config(variant=variant, num_classes=num_classes, **extra)
+            try:
+                return convert(state_dict, config), {"variant": variant, "num_classes": num_classes, **extra}
+            except ValueError as e:
+                tried.append(f"{variant}: {e}")
+        raise ValueError(f"{layout} EfficientNetV2 state dict fits no variant; " + "; ".join(tried))
+
     # ------------------------------------------------------------------ use
 
     def transforms(self):
@@ -346,9 +374,10 @@ class EfficientNetV2(ZooModel):
 def _torchvision_imagenet(config: EffNetV2Config):
     """torchvision's ImageNet weights through its own weights API (downloads once into the torch hub cache)."""
     from zoo.weights import WeightsMeta
-    if config.variant not in ("s", "m", "l") or config.num_classes != 1000 or config.stem_stride != 2:
-        raise ValueError("torchvision weights exist for variant s, m or l with num_classes=1000 and stem_stride=2; "
-                         "load them first, then model.reset_head(n) to fine-tune")
+    if config.variant not in ("s", "m", "l") or config.stem_stride != 2 or config.in_chans != 3:
+        raise ValueError(f"torchvision weights exist for variant s, m or l with stem_stride=2 and in_chans=3 (asked: "
+                         f"variant={config.variant!r}, stem_stride={config.stem_stride}, in_chans={config.in_chans}); "
+                         "e.g. zoo.load('effnetv2_cls', pretrained='torchvision', variant='s', num_classes=5)")
     import torchvision
     weights = getattr(torchvision.models, f"EfficientNet_V2_{config.variant.upper()}_Weights").DEFAULT
     try:
@@ -358,11 +387,13 @@ def _torchvision_imagenet(config: EffNetV2Config):
                            f"once, or the file {weights.url.rsplit('/', 1)[-1]} in "
                            f"{torch.hub.get_dir()}/checkpoints") from None
     t = weights.transforms()
-    meta = WeightsMeta(model="effnetv2_cls", config=dataclasses.asdict(config), labels=list(weights.meta["categories"]),
+    imagenet_head = config.num_classes == 1000  # else zoo.load re-initialises the head: its labels and metrics go
+    meta = WeightsMeta(model="effnetv2_cls", config=dataclasses.asdict(config),
+                       labels=list(weights.meta["categories"]) if imagenet_head else None,
                        preprocessing={"resize": t.resize_size[0], "crop": t.crop_size[0], "mean": list(t.mean),
                                       "std": list(t.std), "interpolation": t.interpolation.value},
                        dataset="ImageNet-1k (torchvision)", metrics=dict(weights.meta.get("_metrics", {}).get(
-                           "ImageNet-1K", {})), command=f"torchvision {weights}")
+                           "ImageNet-1K", {})) if imagenet_head else {}, command=f"torchvision {weights}")
     return from_torchvision(state_dict, config), meta
 
 
@@ -424,6 +455,18 @@ def from_torchvision(state_dict: dict[str, Tensor], config: EffNetV2Config | Non
         raise ValueError(f"torchvision keys with no place in EfficientNetV2-{config.variant.upper()}: "
                          f"{', '.join(unused[:10])}")
     return out
+
+
+def _check_zoo_layout(state_dict: dict[str, Tensor], config: EffNetV2Config) -> dict[str, Tensor]:
+    """zoo's own keys (e.g. `torch.save(model.state_dict())`), if they fit `config`'s variant exactly."""
+    with torch.device("meta"):
+        own = EfficientNetV2(config).state_dict()
+    if set(own) != set(state_dict):
+        raise ValueError(f"{len(set(own) ^ set(state_dict))} keys differ")
+    wrong = [k for k in own if own[k].shape != state_dict[k].shape]
+    if wrong:
+        raise ValueError(f"{wrong[0]} has shape {tuple(state_dict[wrong[0]].shape)}, not {tuple(own[wrong[0]].shape)}")
+    return state_dict
 
 
 def to_torchvision(model: EfficientNetV2) -> dict[str, Tensor]:

@@ -2,12 +2,16 @@
 
 A spec is one of: True / "default" (the registry's default tag), a tag of weights shipped in weights/
 (checked against the full-file sha256 and size in weights/manifest.json), a path to a `.safetensors` /
-`.pt` / `.bin` file or a folder holding one, or `hf://owner/repo[/file][@revision]`.
+`.pt` / `.bin` file or a folder holding one (or transformers' sharded `*.index.json` and its shards), or
+`hf://owner/repo[/file][@revision]`. Keys that a torch.compile or DDP wrapper prefixed are stripped here,
+for every family.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +22,14 @@ import torch
 import zoo.weights as _package
 from zoo.weights.files import WeightsError, WeightsMeta, read_weights_file
 
+log = logging.getLogger(__name__)
+
 MANIFEST = "manifest.json"
 HUB_FILE = "model.safetensors"
+# what a folder may hold, in the order looked for: transformers' single files and their sharded indexes
+FOLDER_FILES = (HUB_FILE, HUB_FILE + ".index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+# prefixes that wrappers put on every key: torch.compile's OptimizedModule and DDP / DataParallel
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
 
 def weights_dir() -> Path:
@@ -92,13 +102,54 @@ def _resolve_path(path: Path) -> ResolvedWeights:
     folder = None
     if path.is_dir():
         folder = path
-        candidates = [path / HUB_FILE, path / "pytorch_model.bin"]
-        found = next((c for c in candidates if c.is_file()), None)
+        found = next((path / name for name in FOLDER_FILES if (path / name).is_file()), None)
         if found is None:
-            raise FileNotFoundError(f"folder {str(path)!r} holds neither {HUB_FILE} nor pytorch_model.bin")
+            raise FileNotFoundError(f"folder {str(path)!r} holds neither {HUB_FILE} nor pytorch_model.bin "
+                                    "(nor a sharded checkpoint's *.index.json)")
         path = found
-    state_dict, meta, sha256 = read_weights_file(path)
-    return ResolvedWeights(state_dict, meta, str(path), folder or path.parent, sha256)
+    if path.name.endswith(".index.json"):
+        state_dict, meta, sha256 = _read_sharded(path)
+    else:
+        state_dict, meta, sha256 = read_weights_file(path)
+    return ResolvedWeights(strip_wrapper_prefixes(state_dict, str(path)), meta, str(path), folder or path.parent,
+                           sha256)
+
+
+def _read_sharded(index: Path) -> tuple[dict[str, torch.Tensor], WeightsMeta | None, str]:
+    """A sharded checkpoint (transformers' `*.index.json` + shards) merged into one state dict; the sha256
+    is the index file's, which names every shard."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise WeightsError(f"{str(index)!r} is not a sharded-checkpoint index (a JSON object with a "
+                           "'weight_map' of key -> shard file); re-download or re-save it") from None
+    state_dict: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        if not (index.parent / shard).is_file():
+            raise FileNotFoundError(f"shard {shard!r} named by {str(index)!r} is missing; download the whole "
+                                    "checkpoint (every shard beside its index)")
+        state_dict.update(read_weights_file(index.parent / shard).state_dict)
+    absent = sorted(set(weight_map) - set(state_dict))
+    if absent:
+        raise WeightsError(f"the shards of {str(index)!r} lack {len(absent)} keys its weight_map names: "
+                           f"{', '.join(absent[:12])}; re-download the checkpoint")
+    return state_dict, None, hashlib.sha256(index.read_bytes()).hexdigest()
+
+
+def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """Keys saved from a wrapped model (`_orig_mod.` from torch.compile, `module.` from DDP, nested in any
+    order) as the plain model's keys; one log line says what was stripped."""
+    stripped = []
+    while state_dict:
+        prefix = next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in state_dict)), None)
+        if prefix is None:
+            break
+        stripped.append(prefix)
+        state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+    if stripped:
+        log.info("%s: stripped the wrapper prefix %r from every key (saved from a torch.compile / DDP "
+                 "wrapped model)", source, "".join(stripped))
+    return state_dict
 
 
 def parse_hub_uri(uri: str) -> tuple[str, str | None, str | None]:
