@@ -273,11 +273,6 @@ class BertClassifier(ZooModel):
             self._tokenizer = load_tokenizer(self.config.tokenizer)
         return self._tokenizer
 
-    @property
-    def labels(self) -> list[str]:
-        from zoo.weights import class_labels
-        return class_labels(self)
-
     def encode(self, texts: list[str], *, max_length: int | None = None, truncation: bool = True) -> dict[str, Tensor]:
         if isinstance(texts, str):
             texts = [texts]
@@ -320,19 +315,6 @@ class BertClassifier(ZooModel):
         self.train(was_training)
         return results[0] if single else results
 
-    def cli_predict(self, inputs: list[str], max_length: str = ""):
-        if not inputs:
-            raise ValueError('give one or more texts, e.g. zoo predict bert_cls "a gripping film"')
-        results = self.predict(inputs, max_length=int(max_length) if max_length else None)
-        lines = [f"{r['label']:<10} {max(r['probs'].values()):.3f}  {text}" for r, text in zip(results, inputs)]
-        return [{"text": t, **r} for t, r in zip(inputs, results)], "\n".join(lines)
-
-    def demo(self) -> str:
-        texts = ["a gripping , beautifully acted film", "a waste of two hours", "it 's not bad at all"]
-        _, text = self.cli_predict(texts)
-        metrics = self.pretrained_meta.metrics if self.pretrained_meta else {}
-        return f"SST-2 dev accuracy of these weights: {metrics.get('accuracy')}\n{text}"
-
     # ------------------------------------------------------------------ benchmarking
 
     def example_inputs(self, batch: int = 32, length: int = 128) -> tuple[Tensor, Tensor]:
@@ -340,22 +322,10 @@ class BertClassifier(ZooModel):
         ids = torch.randint(1000, self.config.vocab_size, (batch, length), generator=g)
         return ids, torch.ones_like(ids)
 
-    def training_loss(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def example_loss(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        # cross-entropy against class 0: a fixed training step for tests and benchmarks
         labels = torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
         return self.loss(self(input_ids, attention_mask), labels)
-
-    def peer_model(self):
-        """transformers' BertForSequenceClassification with the same weights, for the bench table."""
-        from transformers import BertConfig as HFConfig
-        from transformers import BertForSequenceClassification
-        c = self.config
-        hf = BertForSequenceClassification(HFConfig(
-            vocab_size=c.vocab_size, hidden_size=c.hidden, num_hidden_layers=c.layers, num_attention_heads=c.heads,
-            intermediate_size=c.intermediate, max_position_embeddings=c.max_positions,
-            type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps, num_labels=c.num_classes,
-            hidden_dropout_prob=c.hidden_dropout, attention_probs_dropout_prob=c.attention_dropout)).eval()
-        hf.load_state_dict(to_hf_state_dict(self), strict=False)
-        return "transformers", hf  # it takes the same (input_ids, attention_mask) inputs
 
 
 def layerwise_param_groups(model: BertClassifier, lr: float, weight_decay: float, decay: float) -> list[dict]:

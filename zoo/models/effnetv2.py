@@ -314,11 +314,6 @@ class EfficientNetV2(ZooModel):
         return {"resize": size, "crop": size, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
                 "interpolation": "bilinear"}
 
-    @property
-    def labels(self) -> list[str]:
-        from zoo.weights import class_labels
-        return class_labels(self)
-
     @torch.no_grad()
     def predict(self, images, top_k: int = 5) -> list[list[tuple[str, float]]]:
         """Top-k (label, probability) for each image (paths or PIL images)."""
@@ -331,41 +326,10 @@ class EfficientNetV2(ZooModel):
         top = probs.topk(min(top_k, probs.shape[1]), dim=1)
         return [[(self.labels[i], round(float(p), 4)) for p, i in zip(ps, ids)] for ps, ids in zip(top.values, top.indices)]
 
-    def cli_predict(self, inputs: list[str], top_k: str = "5"):
-        if not inputs:
-            raise ValueError("give one or more image files, e.g. zoo predict effnetv2_cls cat.jpg")
-        results = self.predict(inputs, int(top_k))
-        text = "\n".join(f"{path}:\n" + "\n".join(f"  {p:6.3f}  {label}" for label, p in r)
-                         for path, r in zip(inputs, results))
-        return [{"image": path, "top": [{"label": lbl, "prob": p} for lbl, p in r]} for path, r in zip(inputs, results)], text
-
-    def demo(self) -> str:
-        # no photo ships with the package, so the demo draws one: a grey hull on a blue sea under a pale sky
-        from PIL import Image, ImageDraw
-        size = self.preprocessing.get("resize", 224)
-        image = Image.new("RGB", (size, size), (150, 190, 235))
-        draw = ImageDraw.Draw(image)
-        draw.rectangle([0, size * 5 // 8, size, size], fill=(30, 70, 140))
-        draw.polygon([(size // 6, size * 5 // 8), (size * 5 // 6, size * 5 // 8), (size * 2 // 3, size * 3 // 4),
-                      (size // 3, size * 3 // 4)], fill=(90, 90, 95))
-        top = self.predict([image], top_k=3)[0]
-        metrics = self.pretrained_meta.metrics if self.pretrained_meta else {}
-        return (f"test top-1 of these weights: {metrics.get('top1')}\ntop-3 for a drawn ship at sea "
-                f"({size}x{size}): " + ", ".join(f"{label} {p:.3f}" for label, p in top))
-
     # ------------------------------------------------------------------ benchmarking
 
     def example_inputs(self, batch: int = 32, size: int = 224) -> tuple[Tensor]:
         return (torch.randn(batch, self.config.in_chans, size, size, generator=torch.Generator().manual_seed(0)),)
-
-    def peer_model(self):
-        """torchvision's EfficientNetV2 of the same variant with the same weights (s/m/l only)."""
-        if self.config.variant not in ("s", "m", "l"):
-            return None
-        import torchvision
-        tv = getattr(torchvision.models, f"efficientnet_v2_{self.config.variant}")(num_classes=self.config.num_classes)
-        tv.load_state_dict(to_torchvision(self))
-        return "torchvision", tv.eval()
 
 
 # ---------------------------------------------------------------------- torchvision interop
