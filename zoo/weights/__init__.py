@@ -13,12 +13,12 @@ One module per job, each importing only those above it:
 """
 from zoo.weights.files import (WeightsError, WeightsFile, WeightsMeta, file_sha256, read_weights,
                                read_weights_file, save_state_dict)
-from zoo.weights.loading import class_labels, load_state_dict_into
+from zoo.weights.loading import load_state_dict_into
 from zoo.weights.specs import (HUB_FILE, MANIFEST, ResolvedWeights, parse_hub_uri, read_manifest,
                                resolve_weights, weights_dir)
 from zoo.weights.saving import publish, push_to_hub, save, save_pretrained
 
 __all__ = ["WeightsMeta", "WeightsError", "WeightsFile", "save", "save_pretrained", "push_to_hub", "publish",
            "read_weights", "read_weights_file", "resolve_weights", "ResolvedWeights", "load_state_dict_into",
-           "weights_dir", "read_manifest", "file_sha256", "save_state_dict", "parse_hub_uri", "class_labels",
+           "weights_dir", "read_manifest", "file_sha256", "save_state_dict", "parse_hub_uri",
            "HUB_FILE", "MANIFEST"]

@@ -46,11 +46,6 @@ def load_state_dict_into(model: torch.nn.Module, state_dict: dict[str, torch.Ten
     model.load_state_dict({k: v for k, v in state_dict.items() if k not in skipped}, strict=False)
 
 
-def class_labels(model: torch.nn.Module) -> list[str]:
-    """Label names from the loaded weights' metadata, else "0".."num_classes-1" (the model's `labels`)."""
-    return model.labels
-
-
 def _key_list(keys: list[str], limit: int = 12) -> str:
     shown = ", ".join(keys[:limit])
     return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
