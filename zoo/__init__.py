@@ -14,6 +14,7 @@ from typing import Any
 from zoo.registry import build_config, get_entry, list_models, register_model
 from zoo.weights import (WeightsError, WeightsMeta, load_state_dict_into, push_to_hub, read_weights,
                          resolve_weights, save, save_pretrained)
+from zoo.weights.external import external_tags
 
 __version__ = "0.1.0"
 __all__ = ["load", "list_models", "info", "save", "save_pretrained", "push_to_hub", "register_model",
@@ -32,10 +33,11 @@ def load(name: str, pretrained: bool | str | os.PathLike = False, **config_overr
     if pretrained is False or pretrained is None:
         return entry.model_cls(build_config(entry, **config_overrides)).eval()
     cls = entry.model_cls
-    if isinstance(pretrained, str) and pretrained in cls.external_weights:
+    external = external_tags(name)
+    if isinstance(pretrained, str) and pretrained in external:
         # weights from another library's own API (e.g. torchvision's ImageNet weights), converted by the family
         model = cls(build_config(entry, **config_overrides))
-        state_dict, meta = cls.external_weights[pretrained](model.config)
+        state_dict, meta = external[pretrained](model.config)
         # a num_classes of the caller's gets a new head (the weights' own, e.g. ImageNet's 1000, still loads)
         load_state_dict_into(model, state_dict, source=pretrained, reinit_head="num_classes" in config_overrides)
         model.pretrained_meta = meta

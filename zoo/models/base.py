@@ -15,7 +15,6 @@ Optional (the defaults below are right for a family that does not override them)
                                      num_classes, or when a foreign checkpoint has no head)
     variants                         named presets of the config (listed by `zoo info` and the cards)
     bench_batch                      the batch `zoo bench` uses by default
-    external_weights                 pretrained tags served by another library's API (e.g. "torchvision")
     convert_foreign(sd, folder)      map a state dict that is not zoo's own (no zoo metadata) to zoo keys
     example_loss(*example_inputs)    a scalar loss for one training step on example_inputs()
     reset_head(num_classes)          a new task head
@@ -26,7 +25,7 @@ Set by zoo, not by the family: `zoo_name` (registration), `pretrained_meta` and 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from torch import Tensor, nn
 
@@ -39,10 +38,6 @@ __all__ = ["ZooModel", "REQUIRED_HOOKS", "check_contract", "unwrap"]
 
 REQUIRED_HOOKS = ("example_inputs", "checkpoint_blocks")
 
-# tag -> function(config) -> (state_dict in zoo's keys, WeightsMeta)
-ExternalWeights = Mapping[str, Callable[[Any], "tuple[dict[str, Tensor], WeightsMeta]"]]
-
-
 class ZooModel(nn.Module):
     """Base class of every registered family; see the module docstring for the contract."""
 
@@ -50,7 +45,6 @@ class ZooModel(nn.Module):
     head_prefixes: ClassVar[tuple[str, ...]] = ()
     variants: ClassVar[Mapping[str, Any]] = {}
     bench_batch: ClassVar[int] = 8
-    external_weights: ClassVar[ExternalWeights] = {}
 
     config: Any
     pretrained_meta: WeightsMeta | None = None  # the metadata of the weights loaded or last saved

@@ -335,35 +335,6 @@ class EfficientNetV2(ZooModel):
 # ---------------------------------------------------------------------- torchvision interop
 
 
-def _torchvision_imagenet(config: EffNetV2Config):
-    """torchvision's ImageNet weights through its own weights API (downloads once into the torch hub cache)."""
-    from zoo.weights import WeightsMeta
-    if config.variant not in ("s", "m", "l") or config.stem_stride != 2 or config.in_chans != 3:
-        raise ValueError(f"torchvision weights exist for variant s, m or l with stem_stride=2 and in_chans=3 (asked: "
-                         f"variant={config.variant!r}, stem_stride={config.stem_stride}, in_chans={config.in_chans}); "
-                         "e.g. zoo.load('effnetv2_cls', pretrained='torchvision', variant='s', num_classes=5)")
-    import torchvision
-    weights = getattr(torchvision.models, f"EfficientNet_V2_{config.variant.upper()}_Weights").DEFAULT
-    try:
-        state_dict = weights.get_state_dict(progress=False)
-    except Exception as e:  # URLError, offline hub, ...
-        raise RuntimeError(f"could not fetch torchvision's {weights} ({type(e).__name__}: {e}); it needs network "
-                           f"once, or the file {weights.url.rsplit('/', 1)[-1]} in "
-                           f"{torch.hub.get_dir()}/checkpoints") from None
-    t = weights.transforms()
-    imagenet_head = config.num_classes == 1000  # else zoo.load re-initialises the head: its labels and metrics go
-    meta = WeightsMeta(model="effnetv2_cls", config=dataclasses.asdict(config),
-                       labels=list(weights.meta["categories"]) if imagenet_head else None,
-                       preprocessing={"resize": t.resize_size[0], "crop": t.crop_size[0], "mean": list(t.mean),
-                                      "std": list(t.std), "interpolation": t.interpolation.value},
-                       dataset="ImageNet-1k (torchvision)", metrics=dict(weights.meta.get("_metrics", {}).get(
-                           "ImageNet-1K", {})) if imagenet_head else {}, command=f"torchvision {weights}")
-    return from_torchvision(state_dict, config), meta
-
-
-EfficientNetV2.external_weights = {"torchvision": _torchvision_imagenet}
-
-
 def _torchvision_key_map(config: EffNetV2Config) -> dict[str, str]:
     """zoo module prefix -> torchvision module prefix, for every conv/bn/linear of the model."""
     v = VARIANTS[config.variant]
