@@ -12,6 +12,8 @@ import torch
 
 import zoo
 
+from .test_bert import batch, small_hf_config  # the same tiny config and padded batch
+
 transformers = pytest.importorskip("transformers")
 
 CLASSES = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForNextSentencePrediction",
@@ -20,26 +22,9 @@ CLASSES = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForNextSen
 NO_POOLER = {"BertForMaskedLM", "BertForTokenClassification", "BertForQuestionAnswering"}
 
 
-def small_config(**kw):
-    return transformers.BertConfig(vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
-                                   intermediate_size=96, max_position_embeddings=40, **kw)
-
-
-def batch(vocab=120, lengths=(9, 5, 1)):
-    g = torch.Generator().manual_seed(0)
-    T = max(lengths)
-    ids = torch.randint(1, vocab, (len(lengths), T), generator=g)
-    mask = torch.zeros(len(lengths), T, dtype=torch.long)
-    for row, n in enumerate(lengths):
-        mask[row, :n] = 1
-    ids = ids * mask
-    types = torch.randint(0, 2, ids.shape, generator=g) * mask
-    return ids, mask, types
-
-
 def hf_model(name: str, seed: int = 0, **kw):
     torch.manual_seed(seed)
-    return getattr(transformers, name)(small_config(**kw)).eval()
+    return getattr(transformers, name)(small_hf_config(**kw)).eval()
 
 
 def encoder(hf):
