@@ -91,16 +91,17 @@ def test_compile_bad_mode():
 
 
 def test_autocast_runs_bf16_on_cpu_and_norms_stay_fp32():
+    # force=True: bf16 also where this CPU only emulates it (tests/test_hardware.py pins the fallback)
     model = tiny_lm()
     seen = {}
     model.blocks[0].attn.qkv.register_forward_hook(lambda m, i, o: seen.update(qkv=o.dtype))
-    with accel.autocast("cpu"):
+    with accel.autocast("cpu", force=True):
         model(torch.randint(0, 16, (2, 8)))
         x = torch.randn(4, 32) * 300
         # the norm's statistics are computed in fp32: same as the fp32 result rounded once
         assert torch.equal(model.norm(x.bfloat16()), model.norm(x.bfloat16().float()).bfloat16())
     assert seen["qkv"] == torch.bfloat16
-    assert accel.resolve_dtype("cpu") == torch.bfloat16
+    assert accel.resolve_dtype("cpu", force=True) == torch.bfloat16
     with pytest.raises(ValueError, match="unknown precision"):
         accel.resolve_dtype("cpu", "int4")
 
@@ -108,13 +109,14 @@ def test_autocast_runs_bf16_on_cpu_and_norms_stay_fp32():
 def test_grad_scaler_choice():
     assert accel.grad_scaler("cpu", "bf16").is_enabled() is False
     assert accel.grad_scaler("cpu", "fp32").get_scale() == 1.0
-    assert isinstance(accel.grad_scaler("cpu", "fp16"), torch.amp.GradScaler)
+    assert accel.grad_scaler("cpu", "fp16", force=True).is_enabled()
 
 
 def test_with_autocast_in_place_returns_fp32():
     model = tiny_lm()
     keys = list(model.state_dict())
-    accel.with_autocast(model, "cpu", "bf16")
+    accel.with_autocast(model, "cpu", "bf16", force=True)
+    assert "forward" in vars(model)
     out = model(torch.randint(0, 16, (1, 4)))
     assert out.dtype == torch.float32 and list(model.state_dict()) == keys
     accel.with_autocast(model, "cpu", "fp32")
@@ -126,12 +128,12 @@ def test_cast_runs_bf16_weights_end_to_end_and_converts_back():
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         ref = model(x)
-        accel.cast(model, "bf16")
+        accel.cast(model, "bf16", force=True)
         assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
         assert model.features[1].running_var.dtype == torch.bfloat16
         out = model(x)  # fp32 input cast on the way in
         assert out.dtype == torch.float32 and _rel_err(out, ref) < 0.05
-        lm = accel.cast(tiny_lm().eval(), "bf16")
+        lm = accel.cast(tiny_lm().eval(), "bf16", force=True)
         assert lm(torch.randint(0, 16, (1, 4))).dtype == torch.float32  # integer token ids left alone
         accel.cast(model, "fp32")
         assert "forward" not in vars(model) and model.head.weight.dtype == torch.float32
@@ -265,6 +267,24 @@ def test_optimize_never_slower_than_eager_and_within_tolerance():
     assert "chosen:" in report and "eager fp32" in report
     with torch.no_grad():
         assert _rel_err(best(x).float(), model(x)) <= 0.05
+
+
+def test_optimize_skips_emulated_bf16_and_chooses_by_interleaved_median(monkeypatch):
+    import re
+
+    from .test_hardware import AMX, AVX2, play
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8)).eval()
+    x = torch.randn(16, 64)
+    play(monkeypatch, AVX2)
+    _, report = accel.optimize(model, (x,), compile=False, int8=False, reps=3)
+    assert re.search(r"bf16 autocast +skipped: bf16 matmuls on this AVX2 CPU run ~100x slower", report), report
+    chosen = re.search(r"chosen: (.+) \((\d+\.\d+)x eager fp32\)", report)
+    assert chosen[1] == "eager fp32" or float(chosen[2]) >= 1.0, "never slower than eager"
+    play(monkeypatch, AMX)
+    _, report = accel.optimize(model, (x,), compile=False, int8=False, reps=3)
+    assert "skipped" not in report and re.search(r"bf16 autocast +[\d.]+ ms", report), report
+    _, report = accel.optimize(model, (x,), compile=False, int8=False, reps=1, budget_s=0)
+    assert "skipped: the 0 s budget was spent" in report and "chosen: eager fp32" in report  # always timed
 
 
 def test_bench_harness_prints_side_by_side_rows_with_config_and_size(capsys):

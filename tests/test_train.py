@@ -17,6 +17,8 @@ from zoo.models.base import ZooModel
 from zoo.train import Task, TrainConfig, Trainer
 from zoo.train.distributed import DistContext
 
+from .test_hardware import AMX, play
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "train_scripts" / "transformer_lm.py")
 TINY = ["--context", "16", "--dim", "32", "--n-layers", "2", "--n-heads", "2", "--mlp-hidden", "32",
@@ -268,7 +270,8 @@ def tiny_task(eval_examples=64, loss=None, model=None):
                 summarize=lambda s: {"mse": float(s["se"] / s["n"])})
 
 
-def test_fp16_scaler_skips_step_with_inf_gradient(tmp_path):
+def test_fp16_scaler_skips_step_with_inf_gradient(tmp_path, monkeypatch):
+    play(monkeypatch, AMX)  # a CPU with native fp16: elsewhere --amp fp16 falls back to fp32, without a scaler
     cfg = TrainConfig(steps=4, amp="fp16", out=str(tmp_path), warmup=1, workers=0)
     trainer = Trainer(cfg, tiny_task(), DistContext("none", torch.device("cpu")))
     assert trainer.scaler.is_enabled()
@@ -283,7 +286,8 @@ def test_fp16_scaler_skips_step_with_inf_gradient(tmp_path):
         assert torch.equal(b, p), "weights must not change on a skipped step"
 
 
-def test_bf16_autocast_trains_on_cpu(tmp_path):
+def test_bf16_autocast_trains_on_cpu(tmp_path, monkeypatch):
+    play(monkeypatch, AMX)  # a CPU with native bf16: elsewhere --amp bf16 falls back to fp32
     cfg = TrainConfig(steps=40, amp="bf16", out=str(tmp_path), warmup=2, lr=1e-2, workers=0, batch_size=16,
                       eval_every=40, ema=0.9)
     trainer = Trainer(cfg, tiny_task(), DistContext("none", torch.device("cpu")))
