@@ -61,8 +61,8 @@ def main():
     variants = {
         # copies: compile and with_autocast change a model in place, quantize copies by itself
         "fp32": lambda: copy.deepcopy(fp32),
-        "bf16 autocast": lambda: with_autocast(copy.deepcopy(fp32), "cpu", "bf16"),
-        "bf16 cast (weights in bf16)": lambda: cast(copy.deepcopy(fp32), "bf16"),
+        "bf16 autocast": lambda: with_autocast(copy.deepcopy(fp32), "cpu", "bf16", force=True),
+        "bf16 cast (weights in bf16)": lambda: cast(copy.deepcopy(fp32), "bf16", force=True),
         "int8_dynamic": lambda: quantize(fp32, "int8_dynamic"),
         "int8_dynamic + int8 embeddings": lambda: quantize(fp32, "int8_dynamic", embeddings=True),
         "int8_dynamic (PT2E x86)": lambda: pt2e(fp32, ids, mask),

@@ -43,7 +43,7 @@ def prepare(model, mode: str):
     if "channels_last" in mode:
         model = model.to(memory_format=torch.channels_last)
     if "bf16" in mode:
-        model = with_autocast(model, "cpu", "bf16")
+        model = with_autocast(model, "cpu", "bf16", force=True)
     if "compile" in mode:
         model = zoo_compile(model)
     return model

@@ -51,7 +51,7 @@ def main():
     variants = {
         "eager fp32": lambda: copy.deepcopy(fp32),
         "compile fp32": lambda: zoo_compile(copy.deepcopy(fp32), freeze=True),
-        "compile bf16 weights": lambda: zoo_compile(cast(copy.deepcopy(fp32), "bf16"), freeze=True),
+        "compile bf16 weights": lambda: zoo_compile(cast(copy.deepcopy(fp32), "bf16", force=True), freeze=True),
         "compile int8 static": lambda: zoo_compile(quantize(fp32, "int8_static", calibration=calibration),
                                                    freeze=True),
     }

@@ -44,14 +44,14 @@ def _peak_mb() -> float:
 
 def inference_modes(device: str, compile_: bool):
     yield "eager fp32", lambda m, x: (m, x)
-    yield "bf16 autocast", lambda m, x: (with_autocast(m, device, "bf16"), x)
-    yield "fp16 autocast", lambda m, x: (with_autocast(m, device, "fp16"), x)
-    yield "bf16 weights (cast)", lambda m, x: (cast(m, "bf16"), x)
+    yield "bf16 autocast", lambda m, x: (with_autocast(m, device, "bf16", force=True), x)
+    yield "fp16 autocast", lambda m, x: (with_autocast(m, device, "fp16", force=True), x)
+    yield "bf16 weights (cast)", lambda m, x: (cast(m, "bf16", force=True), x)
     if compile_:
         def compiled(m, x):
             if has_conv(m):
                 m, x = channels_last(m, x)
-            return zoo_compile(cast(m, "bf16"), freeze=True), x
+            return zoo_compile(cast(m, "bf16", force=True), freeze=True), x
         yield "compile+bf16 weights (frozen)", compiled
 
 
@@ -96,7 +96,7 @@ def bench_family(name: str, device: str, compile_: bool, batch: int | None = Non
         print(row("zoo", mode, seconds, batch, baseline))
     if peer is not None:
         label, peer = peer[0], peer[1].to(device).eval()
-        autocast_peer = with_autocast(copy.deepcopy(peer), device, "bf16")
+        autocast_peer = with_autocast(copy.deepcopy(peer), device, "bf16", force=True)
         for mode, runnable in [("eager fp32", peer), ("bf16 autocast", autocast_peer)]:
             with torch.inference_mode():
                 print(row(label, mode, time_call(lambda: runnable(*inputs), warmup=3, reps=10), batch, baseline))

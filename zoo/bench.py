@@ -137,7 +137,7 @@ def _train_step_child(name: str, batch: int, checkpointing: str, amp: str, confi
         apply_checkpointing(model, checkpointing)
 
     def step():
-        with autocast("cpu", "bf16" if amp == "bf16" else "fp32"):
+        with autocast("cpu", "bf16" if amp == "bf16" else "fp32", force=True):  # a bf16 row measures bf16
             out = example_loss(model, inputs)
         out.backward()
         model.zero_grad(set_to_none=True)
