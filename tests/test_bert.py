@@ -198,8 +198,8 @@ def test_fine_tuning_script_on_tiny_tsv(tmp_path):
     assert set(final) == {"accuracy", "macro_f1", "confusion"} and sum(map(sum, final["confusion"])) == 32
     model = zoo.load("bert_cls", pretrained=tmp_path / "run" / "model.safetensors")
     assert model.labels == ["neg", "pos"] and model.predict("great film")["label"] in ("neg", "pos")
-    bad = subprocess.run([sys.executable, script, *args, "--text-column", "text"], capture_output=True, text=True,
-                         env=env, timeout=600)
+    bad = subprocess.run([sys.executable, script, *args, "--text-column", "text", "--out", str(tmp_path / "bad")],
+                         capture_output=True, text=True, env=env, timeout=600)
     assert bad.returncode == 2 and "no column 'text'" in bad.stderr
 
 

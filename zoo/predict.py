@@ -3,12 +3,13 @@ own API (`predict`, `generate`, `predict_volume`, `sample`), format the result.
 
 Each adapter takes (model, inputs, **options) and returns (JSON-able result, text for the terminal). Its
 keyword-only parameters are the command line's options: `--max-new-tokens 50` becomes `max_new_tokens=50`,
-converted to the parameter's annotated type. A family without an adapter here cannot be used by `zoo predict`
-(CONTRIBUTING.md says how to add one).
+converted to the parameter's annotated type (a float must be finite: `--guidance nan` is refused). A family
+without an adapter here cannot be used by `zoo predict` (CONTRIBUTING.md says how to add one).
 """
 from __future__ import annotations
 
 import inspect
+import math
 import typing
 from typing import Any, Callable
 
@@ -47,7 +48,7 @@ def unet3d_seg(model, inputs: list[str], *, out: str = "", window: int = 64):
     import numpy as np
     if len(inputs) != 1:
         raise ValueError("give one volume file (.npy of shape (D, H, W) or (C, D, H, W))")
-    volume = torch.as_tensor(np.load(inputs[0], allow_pickle=False)).float()
+    volume = _finite(torch.as_tensor(np.load(inputs[0], allow_pickle=False)).float(), inputs[0])
     volume = volume[None] if volume.dim() == 3 else volume
     labels = model.predict_volume(volume, window=window)
     out = out or inputs[0].rsplit(".npy", 1)[0] + "_pred.npy"
@@ -68,6 +69,16 @@ def diffusion_unet(model, inputs: list[str], *, classes: str = "", n: int = 16, 
     images = model.sample(n, classes=labels, steps=steps, sampler=sampler, guidance=guidance, seed=seed)
     save_image(images, out, nrow=max(1, int(n ** 0.5)))
     return {"out": out, "n": n, "classes": labels}, f"wrote {n} samples to {out}"
+
+
+def _finite(x: torch.Tensor, source: str) -> torch.Tensor:
+    """`x` unchanged if every value is finite; one NaN or Inf would otherwise turn a whole prediction to
+    nonsense (a unet3d volume came out all background) without a word."""
+    bad = int((~torch.isfinite(x)).sum())
+    if bad:
+        raise ValueError(f"{source} holds {bad} non-finite value(s) (NaN or Inf) of {x.numel()}; "
+                         "replace them (e.g. numpy.nan_to_num) and run again")
+    return x
 
 
 ADAPTERS: dict[str, Adapter] = {fn.__name__: fn for fn in (bert_cls, effnetv2_cls, transformer_lm, unet3d_seg,
@@ -95,5 +106,7 @@ def _convert(name: str, adapter: Adapter, options: dict[str, str]) -> dict[str, 
             converted[key] = kinds[0](text)
         except ValueError:
             raise ValueError(f"--{key.replace('_', '-')} takes {kinds[0].__name__}, got {text!r}") from None
+        if isinstance(converted[key], float) and not math.isfinite(converted[key]):  # float() takes "nan", "inf"
+            raise ValueError(f"--{key.replace('_', '-')} must be a finite number, got {text!r}")
     return converted
 

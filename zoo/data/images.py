@@ -1,15 +1,43 @@
 """Image loading and transforms shared by the image families' predict and training."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-__all__ = ["open_image", "eval_transform"]
+__all__ = ["open_image", "eval_transform", "load_image_split", "load_train_and_held_out", "MissingSplit"]
+
+log = logging.getLogger(__name__)
+HELD_OUT_SPLITS = ("test", "val")  # an ImageFolder's held-out sub-folder, first found
+
+
+class MissingSplit(ValueError):
+    """The data has no such split (an .npz without x_test, an ImageFolder without test/ or val/)."""
+
+
+def _high_depth_to_8bit(im):
+    """16-bit ("I;16*", and "I", which 16-bit PNGs open as in some Pillow versions) and float ("F") grey
+    images as 8-bit "L". Pillow's own convert clips them at 255, so a 16-bit image would turn almost white.
+    Integers are taken as 0..65535; floats as 0..1 when none exceeds 1, else as 0..255."""
+    import numpy as np
+    from PIL import Image
+    a = np.asarray(im, dtype=np.float64)
+    if im.mode == "F":
+        bad = int((~np.isfinite(a)).sum())
+        if bad:
+            raise ValueError(f"the float image has {bad} non-finite (NaN or Inf) pixel(s)")
+        scale = 255.0 if a.max(initial=0) <= 1.0 else 1.0
+    else:
+        scale = 255.0 / 65535.0
+    return Image.fromarray(np.clip(np.rint(a * scale), 0, 255).astype(np.uint8), mode="L")
 
 
 def open_image(source):
-    """A PIL RGB image from a path or PIL image; grey-scale, palette and RGBA are converted."""
+    """A PIL RGB image from a path or PIL image; grey-scale (8-bit, 16-bit or float), palette and RGBA are
+    converted."""
     from PIL import Image, UnidentifiedImageError
     if isinstance(source, Image.Image):
+        if source.mode.startswith("I") or source.mode == "F":
+            source = _high_depth_to_8bit(source)
         return source.convert("RGB")
     path = Path(source)
     if not path.is_file():
@@ -20,9 +48,13 @@ def open_image(source):
                 im = im.convert("RGBA")
                 background = Image.new("RGBA", im.size, (255, 255, 255, 255))
                 return Image.alpha_composite(background, im).convert("RGB")  # transparent -> white
+            if im.mode.startswith("I") or im.mode == "F":
+                return _high_depth_to_8bit(im).convert("RGB")
             return im.convert("RGB")
     except UnidentifiedImageError:
         raise ValueError(f"{str(path)!r} is not an image file Pillow can read (JPEG, PNG, BMP, ...)") from None
+    except ValueError as e:
+        raise ValueError(f"{str(path)!r}: {e}") from None
 
 
 def eval_transform(pre: dict):
@@ -56,10 +88,11 @@ class ArrayImages:
 
 
 def load_image_split(path: str | Path, split: str):
-    """(images as uint8 (N, H, W, C) or an ImageFolder, labels, class names) for `split` in train|test.
+    """(images as uint8 (N, H, W, C), labels, class names) for `split` in train|test.
 
     An .npz holds x_train/y_train (and x_test/y_test, class_names); a folder is an ImageFolder tree
-    (one sub-folder per class), with `split` sub-folders if it has them.
+    (one sub-folder per class), with train/ and test/ (or val/) sub-folders if it has them. A missing
+    test split raises MissingSplit (`load_train_and_held_out` then holds out training images instead).
     """
     import numpy as np
     path = Path(path)
@@ -68,14 +101,20 @@ def load_image_split(path: str | Path, split: str):
     if path.suffix == ".npz":
         with np.load(path, allow_pickle=False) as data:
             if f"x_{split}" not in data:
-                raise ValueError(f"{path} has no x_{split} array (it has {', '.join(data.files)})")
+                raise MissingSplit(f"{path} has no x_{split} array (it has {', '.join(data.files)})")
             x, y = data[f"x_{split}"], data[f"y_{split}"]
             names = [str(n) for n in data["class_names"]] if "class_names" in data else None
         names = names or [str(i) for i in range(int(y.max()) + 1)]
         return x, y, names
     if path.is_dir():
         from torchvision.datasets import ImageFolder
-        root = path / split if (path / split).is_dir() else path
+        if split == "train":
+            root = path / split if (path / split).is_dir() else path
+        else:  # never the training images themselves: scores on them would be stored as held-out metrics
+            found = [path / name for name in HELD_OUT_SPLITS if (path / name).is_dir()]
+            if not found:
+                raise MissingSplit(f"{path} has no {' or '.join(f'{n}/' for n in HELD_OUT_SPLITS)} sub-folder")
+            root = found[0]
         folder = ImageFolder(str(root), loader=open_image)
         if not folder.samples:
             raise ValueError(f"{root} holds no images in class sub-folders")
@@ -84,6 +123,37 @@ def load_image_split(path: str | Path, split: str):
             raise ValueError(f"{root}: images differ in size; resize them to one size first (e.g. 224x224)")
         return images, np.array(folder.targets), list(folder.classes)
     raise ValueError(f"{path}: expected an ImageFolder directory or an .npz file")
+
+
+def load_train_and_held_out(path: str | Path, *, val_fraction: float, eval_path: str | Path | None = None,
+                            seed: int = 0):
+    """(x_train, y_train, x_val, y_val, class names): the held-out set from `eval_path`'s test split, else
+    from `path`'s own (x_test / test/ / val/), else `val_fraction` of the training images drawn at random
+    with a fixed `seed` (0: no evaluation, x_val and y_val None). Logs which one it used."""
+    import numpy as np
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"--val-fraction is the share of training images held out, in [0, 1); got {val_fraction}")
+    x, y, names = load_image_split(path, "train")
+    try:
+        x_val, y_val, _ = load_image_split(eval_path or path, "test")
+        log.info("evaluating on the held-out split of %s", eval_path or path)
+        return x, y, x_val, y_val, names
+    except MissingSplit as e:
+        if eval_path:
+            raise
+        reason = str(e)
+    if val_fraction == 0:
+        log.info("%s; --val-fraction 0: no evaluation, no metrics stored", reason)
+        return x, y, None, None, names
+    n_val = max(1, round(len(x) * val_fraction))
+    if n_val >= len(x):
+        raise ValueError(f"{path}: {len(x)} images are too few to hold out {val_fraction:.0%} and still train")
+    order = np.random.default_rng(seed).permutation(len(x))
+    val, train = np.sort(order[:n_val]), np.sort(order[n_val:])
+    log.info("%s; holding out %d of its %d training images (--val-fraction %g, seed %d) for evaluation",
+             reason, n_val, len(x), val_fraction, seed)
+    y = np.asarray(y)
+    return x[train], y[train], x[val], y[val], names
 
 
 def _same_size(folder) -> bool:

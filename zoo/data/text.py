@@ -126,21 +126,35 @@ def read_labelled_texts(path: str | Path, text_column: str, label_column: str) -
     if not path.is_file():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
     suffix = path.suffix.lower()
+    rows: list[tuple[int, dict]] = []  # (line number in the file, row)
     if suffix == ".jsonl":
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                rows.append((number, json.loads(line)))
     elif suffix in (".tsv", ".csv"):
         with open(path, newline="", encoding="utf-8") as f:
             # GLUE TSVs are unquoted; CSVs follow the usual quoting rules
             reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if suffix == ".tsv" else csv.DictReader(f)
-            rows = list(reader)
+            rows = [(reader.line_num, row) for row in reader]  # line_num: the row's last line (quoted CSVs span more)
     else:
         raise ValueError(f"{path}: unsupported data format {suffix!r}; use .tsv, .csv or .jsonl")
     if not rows:
         raise ValueError(f"{path} holds no examples")
-    missing = [c for c in (text_column, label_column) if c not in rows[0]]
+    header = rows[0][1]
+    missing = [c for c in (text_column, label_column) if c not in header]
     if missing:
         raise ValueError(f"{path} has no column {', '.join(map(repr, missing))}; its columns are "
-                         f"{', '.join(map(repr, rows[0]))} (choose with --text-column / --label-column)")
-    texts = [str(r[text_column]).strip() for r in rows]
-    labels = [str(r[label_column]).strip() for r in rows]
+                         f"{', '.join(map(repr, header))} (choose with --text-column / --label-column)")
+    texts, labels = [], []
+    for number, row in rows:
+        # a TSV/CSV row with too few fields gives None (a class "None" otherwise); a JSONL row may lack the key
+        values = [row.get(text_column), row.get(label_column)]
+        empty = [c for c, v in zip((text_column, label_column), values)
+                 if v is None or (c == label_column and str(v).strip() == "")]
+        if empty:
+            raise ValueError(f"{path}, line {number}: no {' and no '.join(map(repr, empty))} value "
+                             f"({len([v for v in row.values() if v is not None])} field(s) in the row); "
+                             "fix or remove the row")
+        texts.append(str(values[0]).strip())
+        labels.append(str(values[1]).strip())
     return texts, labels

@@ -11,6 +11,7 @@ mid-write leaves the previous checkpoints loadable and no half checkpoint that l
 """
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -67,6 +68,39 @@ def find_checkpoint(spec: str, out: str | Path) -> Path | None:
     if not (path / "trainer.pt").is_file():
         raise FileNotFoundError(f"--resume {spec}: not a checkpoint folder (no trainer.pt) and no {PREFIX}* inside")
     return path
+
+
+# What a run leaves in --out (the loop's own files; a task's extras such as samples.png are rewritten anyway)
+RUN_FILES = ("model.safetensors", "metrics.jsonl", "metrics.csv", "curves.png", "replicas.json", "trace.json", "tb")
+
+
+def run_contents(out: str | Path) -> list[Path]:
+    """The files and folders of an earlier run in `out`: checkpoints (whole or half-written) and RUN_FILES."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    return sorted(p for p in out.iterdir()
+                  if p.name in RUN_FILES or p.name.startswith((PREFIX, f".tmp-{PREFIX}")))
+
+
+def claim_run_folder(out: str | Path, *, overwrite: bool, is_main: bool) -> None:
+    """Before a new run (not --resume) writes anything: refuse an --out that holds another run, unless
+    --overwrite, which deletes that run's files (on the main process; the caller then waits at a barrier)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not a run folder; give a folder path")
+    found = run_contents(out)
+    if not found:
+        return
+    if not overwrite:
+        names = ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "")
+        raise ValueError(f"--out {out} already holds a run ({names}): add --resume to continue it, "
+                         "--overwrite to delete it and start over, or give another --out")
+    if is_main:
+        for p in found:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        logging.getLogger("zoo.train").info("--overwrite: deleted the earlier run's %s in %s",
+                                            ", ".join(p.name for p in found), out)
 
 
 def save_checkpoint(out: str | Path, step: int, app_state: dict[str, Any], trainer_state: dict[str, Any],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ class TrainConfig:
     out: str = _flag("runs/latest", "run folder: checkpoints, metrics, final weights")
     resume: str | None = _flag(None, "resume from the latest checkpoint in --out, or from PATH",
                                nargs="?", const="auto", metavar="PATH")
+    overwrite: bool = _flag(False, "start over in an --out that holds a run: delete its checkpoints, weights "
+                                   "and metrics first")
     pretrained: str | None = _flag(None, "TAG | PATH | hf://owner/repo to start from")
     num_classes: int | None = _flag(None, "classes of a new task head")
     seed: int = _flag(0, "seed of weights, data order and augmentation")
@@ -62,8 +65,16 @@ class TrainConfig:
     def __post_init__(self):
         if self.clip == 0:  # `--clip 0` is the command line's way to say "no clipping"
             object.__setattr__(self, "clip", None)
+        for name, value in [(f.name, getattr(self, f.name)) for f in _flag_fields()] + list(self.extra.items()):
+            if isinstance(value, float) and not math.isfinite(value):  # `--lr nan` parses as a float
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
         if self.epochs is None and self.steps is None and not self.eval_only:
             raise ValueError("give --epochs or --steps")
+        for name in ("epochs", "steps"):  # 0 steps would save the untrained model as the result
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.resume and self.overwrite:
+            raise ValueError("--resume continues the run in --out and --overwrite deletes it: give one of them")
         for name in ("batch_size", "grad_accum", "keep", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")

