@@ -12,6 +12,7 @@ from torch import nn
 import zoo.accel as accel
 from zoo.accel import amp, hardware
 from zoo.accel.hardware import Capabilities, CudaCapabilities
+from zoo.weights import read_weights_file
 
 AVX2 = Capabilities(cpu_class="AVX2", cpu_bf16=False, cpu_fp16=False, vnni=False)
 AVX512 = Capabilities(cpu_class="AVX-512", cpu_bf16=False, cpu_fp16=False, vnni=True)
@@ -118,3 +119,30 @@ def test_cuda_bf16_without_tensor_cores_falls_back(monkeypatch, caplog):
     assert accel.resolve_dtype("cuda:0", "fp16") == torch.float16
     (message,) = warnings_of(caplog)
     assert "T4" in message
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+def _tiny_task(cfg):
+    from .conftest import TinyConfig, TinyNet  # registered by the `tiny` fixture
+    from .test_train import tiny_task
+    return tiny_task(model=TinyNet(TinyConfig(num_classes=1)))  # run() saves the final weights: a registered family
+
+
+@pytest.mark.parametrize("caps, expected", [(AVX2, "off"), (AMX, "bf16")])
+def test_train_and_eval_only_amp_bf16_follow_the_rule_and_say_what_ran(monkeypatch, caplog, capsys, tmp_path, tiny,
+                                                                       caps, expected):
+    import json
+
+    from zoo.train import TrainConfig, run
+    play(monkeypatch, caps)
+    caplog.set_level(logging.INFO)
+    cfg = TrainConfig(steps=3, amp="bf16", out=str(tmp_path), warmup=1, workers=0, batch_size=8, eval_every=1)
+    run(cfg, _tiny_task)
+    assert len(warnings_of(caplog)) == (1 if caps is AVX2 else 0), "one warning per run, not per step"
+    meta = read_weights_file(tmp_path / "model.safetensors").meta
+    assert meta.extra["eval_amp"] == expected  # the precision really used, in --amp's words
+    capsys.readouterr()
+    run(TrainConfig(eval_only=True, amp="bf16", out=str(tmp_path / "eval"), workers=0, batch_size=8), _tiny_task)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["amp"] == expected
+    assert f"evaluated in {expected.replace('off', 'fp32')} (--amp bf16)" in caplog.text

@@ -33,7 +33,8 @@ class TrainConfig:
     warmup: int = _flag(100, "warm-up optimiser steps (linear)")
     grad_accum: int = _flag(1, "micro-batches accumulated per optimiser step")
     clip: float | None = _flag(1.0, "max global gradient norm (0 disables)")
-    amp: str = _flag("off", "mixed precision", choices=["off", "bf16", "fp16"])
+    amp: str = _flag("off", "mixed precision; on hardware without native bf16/fp16 it runs fp32 with a warning, "
+                            "bf16! / fp16! force the slow path", choices=["off", "bf16", "fp16", "bf16!", "fp16!"])
     compile: bool = _flag(False, "torch.compile the model")
     ema: float | None = _flag(None, "EMA decay, e.g. 0.999; evaluation and saved weights then use the EMA",
                               metavar="DECAY")

@@ -153,9 +153,10 @@ class Trainer:
         # fine-tuning step on CPU was the optimiser); FSDP's DTensor parameters keep the foreach path
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95 if cfg.lr >= 5e-4 else 0.999),
                                            fused=ctx.mode != "fsdp")
-        # resolved once: resolving warns about fp16 on a CPU, which would otherwise repeat every step
+        # resolved once (one warning per run): bf16/fp16 without native kernels on this device fall back to
+        # fp32 unless forced (--amp bf16!); the autocast calls below then take the resolved dtype as is
         self.amp_dtype = resolve_dtype(self.device, cfg.amp if cfg.amp != "off" else "fp32")
-        self.scaler = grad_scaler(self.device, self.amp_dtype)
+        self.scaler = grad_scaler(self.device, self.amp_dtype, force=True)
         self.ema = EMA(self.plain, cfg.ema) if cfg.ema else None
         self.workers = cfg.workers if cfg.workers is not None else default_workers(ctx.world_size)
         self.train_loader = self._train_loader() if task.train_data is not None else None
@@ -276,6 +277,11 @@ class Trainer:
             group["lr"] = lr
         s._last_lr = lrs
 
+    @property
+    def amp_name(self) -> str:
+        """The precision really used, in --amp's words ("off" for fp32, also after a fallback)."""
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.amp_dtype, "off")
+
     # ------------------------------------------------------------------ evaluation
 
     @torch.no_grad()
@@ -287,7 +293,7 @@ class Trainer:
         with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
             for batch, counted in self._eval_batches():
                 batch = _to_device(batch, self.device)
-                with autocast(self.device, self.amp_dtype):
+                with autocast(self.device, self.amp_dtype, force=True):
                     part = self.task.eval_step(self.model, batch)
                 if not counted:
                     part = {k: torch.zeros_like(v) for k, v in part.items()}
@@ -390,7 +396,7 @@ class Trainer:
                 batch = _to_device(batch, self.device)
                 last_micro = (micro + 1) % cfg.grad_accum == 0
                 with ctx.no_sync(self.model) if not last_micro else contextlib.nullcontext():
-                    with autocast(self.device, self.amp_dtype):
+                    with autocast(self.device, self.amp_dtype, force=True):
                         loss = self.task.loss(self.model, batch)
                     if not self.scaler.is_enabled() and not torch.isfinite(loss.detach()):
                         self.nonfinite_losses += 1
@@ -506,7 +512,7 @@ class Trainer:
         extra = dict(meta.get("extra", {}))
         if self.cfg.note:
             extra["note"] = self.cfg.note
-        extra.update(train_steps=self.step, world_size=self.ctx.world_size, eval_amp=self.cfg.amp,
+        extra.update(train_steps=self.step, world_size=self.ctx.world_size, eval_amp=self.amp_name,
                      train_time_s=round(self.train_time, 1), torch=torch.__version__,
                      skipped_steps=self.skipped_steps)
         meta["extra"] = extra
@@ -520,7 +526,6 @@ class Trainer:
     def profile(self, steps: int = 5) -> str:
         from torch.profiler import ProfilerActivity, profile, schedule
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        amp = self.cfg.amp if self.cfg.amp != "off" else "fp32"
         self.sampler.set_epoch(0)
         batches = iter(self.train_loader)
         self.model.train()
@@ -528,7 +533,7 @@ class Trainer:
                      record_shapes=True) as prof:
             for _ in range(steps + 2):
                 batch = _to_device(next(batches), self.device)
-                with autocast(self.device, amp):
+                with autocast(self.device, self.amp_dtype, force=True):
                     loss = self.task.loss(self.model, batch)
                 self.scaler.scale(loss).backward()
                 self._optimizer_step()
@@ -587,7 +592,8 @@ def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str
         if cfg.eval_only:
             metrics = trainer.final_metrics(trainer.evaluate())
             if ctx.is_main:
-                print(json.dumps({"eval": metrics}, default=str))
+                log.info("evaluated in %s (--amp %s)", trainer.amp_name.replace("off", "fp32"), cfg.amp)
+                print(json.dumps({"eval": metrics, "amp": trainer.amp_name}, default=str))
             return metrics
         if cfg.profile:
             if trainer.train_loader is None:
