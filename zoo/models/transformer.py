@@ -3,11 +3,19 @@
 Pre-norm blocks (RMSNorm -> attention with RoPE -> RMSNorm -> SwiGLU), tied embeddings, and
 `generate` with a KV cache. The tokenizer (character or byte level) travels in the weights'
 preprocessing metadata.
+
+The architecture is LLaMA's, so checkpoints of transformers' `LlamaForCausalLM` / `LlamaModel`
+(config.json + safetensors/bin, from a folder or hf://) load through `convert_foreign`: grouped-query
+attention, rope theta, tied or untied embeddings, rms_norm_eps. The RoPE layouts agree (both rotate
+halves, GPT-NeoX style), so q/k rows are concatenated as they are, without a permutation. The folder's
+tokenizer.json becomes `model.tokenizer`. `to_hf_state_dict` / `to_hf_config` map back.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -15,10 +23,10 @@ from torch import Tensor, nn
 
 from zoo.blocks.attention import KVCache, MultiHeadAttention
 from zoo.blocks.layers import Dropout, RMSNorm, SwiGLU
-from zoo.models.base import ZooModel
+from zoo.models.base import ZooModel, unwrap
 from zoo.registry import register_model
 
-__all__ = ["LMConfig", "TransformerLM"]
+__all__ = ["LMConfig", "TransformerLM", "to_hf_state_dict", "to_hf_config"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,9 @@ class LMConfig:
     window: int | None = None  # sliding-window attention span; None = full causal attention
     rope_base: float = 10000.0
     tie_embeddings: bool = True  # output projection shares the token embedding (fewer params, better at this size)
+    norm_eps: float = 1e-6  # RMSNorm epsilon (LLaMA checkpoints carry theirs as rms_norm_eps; 1e-5 is common)
+    tokenizer: str | None = None  # a folder or Hub repo with a tokenizer.json (a LLaMA checkpoint's own);
+    # None: the char/byte tokenizer in the weights' preprocessing metadata
 
     def __post_init__(self):
         if self.dim % self.n_heads:
@@ -45,13 +56,13 @@ class LMConfig:
 class Block(nn.Module):
     def __init__(self, c: LMConfig):
         super().__init__()
-        self.norm1 = RMSNorm(c.dim)
+        self.norm1 = RMSNorm(c.dim, eps=c.norm_eps)
         # No dropout on attention probabilities: it forces SDPA off its fused kernel (a 3x slower step
         # on CPU, measured); residual and MLP dropout regularise enough.
         self.attn = MultiHeadAttention(c.dim, c.n_heads, n_kv_heads=c.n_kv_heads, bias=False,
                                        causal=True, window=c.window, rope=True, rope_base=c.rope_base,
                                        max_len=c.context)
-        self.norm2 = RMSNorm(c.dim)
+        self.norm2 = RMSNorm(c.dim, eps=c.norm_eps)
         self.mlp = SwiGLU(c.dim, c.mlp_hidden, dropout=c.dropout)
         self.dropout = Dropout(c.dropout)
 
@@ -72,7 +83,7 @@ class TransformerLM(ZooModel):
         self.embed = nn.Embedding(c.vocab_size, c.dim)
         self.dropout = Dropout(c.dropout)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
-        self.norm = RMSNorm(c.dim)
+        self.norm = RMSNorm(c.dim, eps=c.norm_eps)
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
         self.reset_parameters()
         if c.tie_embeddings:
@@ -108,6 +119,49 @@ class TransformerLM(ZooModel):
         return [KVCache(batch, c.n_kv_heads or c.n_heads, head_dim, max_len, device=device,
                         dtype=dtype or self.embed.weight.dtype) for _ in range(c.n_layers)]
 
+    # ------------------------------------------------------------------ Hugging Face LLaMA checkpoints
+
+    @classmethod
+    def convert_foreign(cls, state_dict: dict[str, Tensor], folder: Path | None) -> tuple[dict, dict | None]:
+        """A transformers LlamaForCausalLM / LlamaModel state dict (+ its config.json) -> (zoo state dict,
+        zoo config dict). zoo's own keys without metadata (`torch.save(model.state_dict())`) pass through.
+        What zoo's blocks cannot compute (rope scaling, biases, another activation, another head_dim) is
+        refused naming the config key."""
+        if "embed.weight" in state_dict:
+            return state_dict, None
+        config_file = folder / "config.json" if folder is not None else None
+        if config_file is None or not config_file.is_file():
+            raise ValueError("a Hugging Face LLaMA checkpoint needs its config.json beside the weights "
+                             f"(none in {folder}); `LlamaForCausalLM(...).save_pretrained(folder)` writes one")
+        config = _config_from_hf(json.loads(config_file.read_text()), config_file)
+        if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
+            from zoo.models.bert import _tokenizer_spec  # a Hub cache snapshot -> owner/repo, else the folder
+            config["tokenizer"] = _tokenizer_spec(folder)
+        prefix = "model." if any(k.startswith("model.") for k in state_dict) else ""  # LlamaModel has none
+        key_map = {ours: [prefix + t for t in theirs] for ours, theirs in _hf_key_map(config["n_layers"]).items()}
+        tied = config["tie_embeddings"]
+        if not tied:
+            key_map["lm_head.weight"] = ["lm_head.weight"]
+        mapped, taken = {}, set()
+        for ours, names in key_map.items():
+            if all(n in state_dict for n in names):  # q, k, v (and gate, up) fused along the output rows
+                mapped[ours] = torch.cat([state_dict[n] for n in names], 0) if len(names) > 1 else state_dict[names[0]]
+                taken.update(names)
+        if tied:
+            taken.add("lm_head.weight")  # transformers ties it to the embedding, whatever the file holds
+            if "embed.weight" in mapped:
+                mapped["lm_head.weight"] = mapped["embed.weight"]
+        missing = sorted({n for names in key_map.values() for n in names} - taken)
+        # rotary inverse frequencies: a buffer older transformers saved, derived from the config
+        unexpected = sorted(k for k in set(state_dict) - taken if not k.endswith("rotary_emb.inv_freq"))
+        if missing or unexpected:
+            problems = [f"{len(keys)} {what} keys: {', '.join(keys[:12])}" + (" ..." if len(keys) > 12 else "")
+                        for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
+            raise ValueError(f"{folder}: not a LLaMA checkpoint transformer_lm can load ({'; '.join(problems)}). "
+                             "It loads the state dicts of transformers' LlamaForCausalLM and LlamaModel "
+                             "(with tie_word_embeddings) and zoo's own keys")
+        return mapped, config
+
     # ------------------------------------------------------------------ benchmarking
 
     bench_batch = 8
@@ -124,6 +178,13 @@ class TransformerLM(ZooModel):
 
     @property
     def tokenizer(self):
+        """encode(str) -> ids and decode(ids) -> str: the checkpoint's own tokenizer.json (a LLaMA folder's,
+        through transformers' fast tokenizer, the full one as `.hf`), else the char/byte tokenizer of zoo's
+        weights."""
+        if self.config.tokenizer is not None:
+            if getattr(self, "_tokenizer", None) is None:
+                self._tokenizer = HFTextTokenizer(load_hf_tokenizer(self.config.tokenizer))
+            return self._tokenizer
         from zoo.data.text import tokenizer_from_spec
         meta = getattr(self, "pretrained_meta", None)
         spec = (meta.preprocessing.get("tokenizer") if meta else None)
@@ -180,3 +241,128 @@ class TransformerLM(ZooModel):
             drop = cumulative - sorted_logits.softmax(-1) > top_p  # keep the smallest set reaching top_p
             logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
         return torch.multinomial(logits.softmax(-1), 1, generator=generator)
+
+
+# ---------------------------------------------------------------------- LLaMA layout
+
+
+def _hf_key_map(n_layers: int) -> dict[str, tuple[str, ...]]:
+    """zoo key -> the LlamaModel keys it is made of (concatenated along dim 0, in order); LlamaForCausalLM
+    puts `model.` before each and adds lm_head.weight."""
+    keys = {"embed.weight": ("embed_tokens.weight",), "norm.weight": ("norm.weight",)}
+    for i in range(n_layers):
+        ours, theirs = f"blocks.{i}.", f"layers.{i}."
+        keys.update({
+            ours + "norm1.weight": (theirs + "input_layernorm.weight",),
+            ours + "attn.qkv.weight": tuple(f"{theirs}self_attn.{n}_proj.weight" for n in "qkv"),
+            ours + "attn.proj.weight": (theirs + "self_attn.o_proj.weight",),
+            ours + "norm2.weight": (theirs + "post_attention_layernorm.weight",),
+            # SwiGLU chunks gate first, then up
+            ours + "mlp.up.weight": (theirs + "mlp.gate_proj.weight", theirs + "mlp.up_proj.weight"),
+            ours + "mlp.down.weight": (theirs + "mlp.down_proj.weight",),
+        })
+    return keys
+
+
+def _config_from_hf(hf: dict, source) -> dict:
+    """LlamaConfig values (config.json) -> LMConfig fields; a value zoo cannot compute is an error naming it."""
+    def refuse(key, value, why):
+        raise ValueError(f"{source}: {key}={value!r} is not supported by transformer_lm ({why}); it loads LLaMA "
+                         "checkpoints with default RoPE, no biases and SiLU (LlamaForCausalLM's defaults)")
+
+    if hf.get("model_type", "llama") != "llama":
+        refuse("model_type", hf.get("model_type"), "only the LLaMA architecture is mapped")
+    if hf.get("hidden_act", "silu") != "silu":
+        refuse("hidden_act", hf["hidden_act"], "the MLP is SwiGLU, SiLU-gated")
+    for key in ("attention_bias", "mlp_bias"):
+        if hf.get(key):
+            refuse(key, hf[key], "the projections have no bias")
+    # transformers < 5: rope_theta and rope_scaling at the top; 5.x: rope_parameters {rope_type, rope_theta, ...}
+    if hf.get("rope_scaling") is not None:
+        refuse("rope_scaling", hf["rope_scaling"], "zoo's RoPE has no scaling")
+    rope = hf.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        refuse("rope_parameters.rope_type", rope["rope_type"], "zoo's RoPE has no scaling")
+    extra = sorted(set(rope) - {"rope_type", "rope_theta"})
+    if extra:
+        refuse(f"rope_parameters.{extra[0]}", rope[extra[0]], "zoo's RoPE has no scaling or partial rotation")
+    dim, heads = hf["hidden_size"], hf["num_attention_heads"]
+    if hf.get("head_dim") not in (None, dim // heads) or dim % heads:
+        refuse("head_dim", hf.get("head_dim"),
+               f"zoo's head width is hidden_size / num_attention_heads = {dim / heads:g}")
+    kv_heads = hf.get("num_key_value_heads") or heads
+    return {"vocab_size": hf["vocab_size"], "context": hf.get("max_position_embeddings", 2048), "dim": dim,
+            "n_layers": hf["num_hidden_layers"], "n_heads": heads,
+            "n_kv_heads": None if kv_heads == heads else kv_heads,
+            "mlp_hidden": hf["intermediate_size"], "dropout": 0.0, "window": None,
+            "rope_base": float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),  # LlamaConfig's default is untied
+            "norm_eps": float(hf.get("rms_norm_eps", 1e-6))}
+
+
+def to_hf_state_dict(model: TransformerLM) -> dict[str, Tensor]:
+    """The model's weights in transformers' LlamaForCausalLM layout (lm_head.weight included, a copy when tied,
+    as LlamaForCausalLM.state_dict() has it). A torch.compile or DDP wrapper is looked through."""
+    model = unwrap(model)
+    c = model.config
+    ours = model.state_dict()
+    head_dim = c.dim // c.n_heads
+    kv = (c.n_kv_heads or c.n_heads) * head_dim
+    sizes = {"attn.qkv.weight": [c.dim, kv, kv], "mlp.up.weight": [c.mlp_hidden, c.mlp_hidden]}
+    out = {}
+    for key, theirs in _hf_key_map(c.n_layers).items():
+        parts = ours[key].split(sizes[key.split(".", 2)[-1]], 0) if len(theirs) > 1 else (ours[key],)
+        for name, part in zip(theirs, parts):
+            out["model." + name] = part.clone()
+    out["lm_head.weight"] = ours["lm_head.weight"].clone()
+    return out
+
+
+def to_hf_config(config: LMConfig) -> dict:
+    """LlamaConfig keyword arguments for `config`: `LlamaForCausalLM(LlamaConfig(**to_hf_config(c)))` takes
+    `to_hf_state_dict(model)`. A sliding window has no LLaMA equivalent and is refused."""
+    if config.window is not None:
+        raise ValueError(f"window={config.window}: LLaMA has no sliding-window attention; only full causal "
+                         "transformer_lm models convert to LlamaForCausalLM")
+    return {"vocab_size": config.vocab_size, "hidden_size": config.dim, "intermediate_size": config.mlp_hidden,
+            "num_hidden_layers": config.n_layers, "num_attention_heads": config.n_heads,
+            "num_key_value_heads": config.n_kv_heads or config.n_heads, "max_position_embeddings": config.context,
+            "rope_theta": config.rope_base, "rms_norm_eps": config.norm_eps,
+            "tie_word_embeddings": config.tie_embeddings, "hidden_act": "silu", "attention_bias": False,
+            "mlp_bias": False}
+
+
+# ---------------------------------------------------------------------- tokenizer.json
+
+
+class HFTextTokenizer:
+    """A transformers fast tokenizer behind the encode/decode of zoo's char and byte tokenizers: encode adds
+    the special tokens the tokenizer is configured to add (LLaMA's BOS), decode drops them. `.hf` is the
+    tokenizer itself, for batches, padding and chat templates."""
+
+    def __init__(self, hf):
+        self.hf = hf
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+
+def load_hf_tokenizer(spec: str):
+    """A fast tokenizer from a folder's tokenizer.json (with its tokenizer_config.json when there is one) or
+    a (cached) Hub repo id."""
+    folder = Path(spec)
+    if folder.is_dir() and not (folder / "tokenizer_config.json").is_file():
+        if not (folder / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"no tokenizer.json in {folder}; put the checkpoint's tokenizer there or "
+                                    "load with tokenizer=None and pass token ids to generate()")
+        from transformers import PreTrainedTokenizerFast
+        return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    from zoo.models.bert import load_tokenizer  # AutoTokenizer, with the errors users read
+    return load_tokenizer(spec)
