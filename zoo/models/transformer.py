@@ -135,8 +135,8 @@ class TransformerLM(ZooModel):
                              f"(none in {folder}); `LlamaForCausalLM(...).save_pretrained(folder)` writes one")
         config = _config_from_hf(json.loads(config_file.read_text()), config_file)
         if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
-            from zoo.models.bert import _tokenizer_spec  # a Hub cache snapshot -> owner/repo, else the folder
-            config["tokenizer"] = _tokenizer_spec(folder)
+            from zoo.data.tokenizers import tokenizer_spec  # a Hub cache snapshot -> owner/repo, else the folder
+            config["tokenizer"] = tokenizer_spec(folder)
         prefix = "model." if any(k.startswith("model.") for k in state_dict) else ""  # LlamaModel has none
         key_map = {ours: [prefix + t for t in theirs] for ours, theirs in _hf_key_map(config["n_layers"]).items()}
         tied = config["tie_embeddings"]
@@ -364,5 +364,5 @@ def load_hf_tokenizer(spec: str):
                                     "load with tokenizer=None and pass token ids to generate()")
         from transformers import PreTrainedTokenizerFast
         return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
-    from zoo.models.bert import load_tokenizer  # AutoTokenizer, with the errors users read
+    from zoo.data.tokenizers import load_tokenizer  # AutoTokenizer, with the errors users read
     return load_tokenizer(spec)
