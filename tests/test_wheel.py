@@ -1,4 +1,5 @@
 """A built wheel carries the shipped weights: install it in a fresh venv and load from elsewhere."""
+import os
 import subprocess
 import sys
 import sysconfig
@@ -37,7 +38,10 @@ def test_wheel_carries_weights_and_loads(tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True)
+    # without PYTHONPATH: a checkout on it (with the zoo.egg-info the wheel build leaves there) would make
+    # pip think zoo is installed already and skip the wheel
+    clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True, env=clean_env)
     # torch & co. come from the interpreter running the tests, which may itself be a venv (there
     # system_site_packages would reach the bare base interpreter, without torch). A .pth file appends
     # this interpreter's site-packages to the new venv's sys.path, after the venv's own, so the wheel's
