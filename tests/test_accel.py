@@ -301,3 +301,46 @@ def test_bench_harness_prints_side_by_side_rows_with_config_and_size(capsys):
         bench_main(["effnetv2_cls", "--config", "variant"])
     with pytest.raises(ValueError, match="unknown config key|valid keys"):
         bench_main(["effnetv2_cls", "--config", "colour=red"])
+
+
+def test_bench_rows_are_built_first_then_timed_interleaved_round_by_round():
+    from zoo.accel.variants import Variant
+    from zoo.bench import bench_rows
+    log = []
+
+    def variant(name, fail=False):
+        def build(model, inputs):
+            log.append(f"build {name}")
+            if fail:
+                raise RuntimeError("not on this model")
+            return (lambda x: log.append(name)), inputs
+        return Variant(name, build)
+
+    rows = bench_rows(nn.Linear(4, 4), (torch.randn(2, 4),),
+                      [variant("a"), variant("b"), variant("broken", fail=True), variant("c")], reps=3, calls=1)
+    builds = ["build a", "a", "build b", "b", "build broken", "build c", "c"]  # each built and warmed up
+    rounds = ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # every row once a round, starting one later
+    assert log == builds + rounds
+    assert [r["mode"] for r in rows] == ["a", "b", "broken", "c"] and "error" in rows[2]
+    assert rows[0]["ratio"] == 1.0 and all(r["ms"] > 0 for r in rows if "ms" in r)
+
+
+def test_bench_save_names_the_table_by_cpu_class_and_reports_peaks_before_and_after(monkeypatch, tmp_path):
+    import json
+
+    import zoo.bench as bench
+    from .test_hardware import AVX512, play
+    play(monkeypatch, AVX512)
+    monkeypatch.setattr(bench, "ROOT", tmp_path)  # where --save writes (and no bench/peers.py: no peer row)
+    peaks = iter([100.0, 2.0, 120.0, 3.0])  # fp32, bf16 before the rows; fp32, bf16 after
+    monkeypatch.setattr(bench, "matmul_peak_gflops", lambda dtype: next(peaks))
+    argv = ["effnetv2_cls", "--config", "variant=b0", "num_classes=10", "--size", "32", "--batch", "2",
+            "--no-compile", "--no-int8", "--no-memory", "--reps", "1", "--calls", "1", "--save",
+            "--json", str(tmp_path / "out.json")]
+    assert bench.main(argv) == 0
+    saved = (tmp_path / "bench" / "results" / "effnetv2_cls.avx512.txt").read_text()
+    assert "CPU AVX-512" in saved and "fp32 100 / 120, bf16 2 / 3 GFLOP/s" in saved
+    assert [line.split()[1] for line in saved.splitlines() if line.startswith("zoo ")] == \
+        ["eager", "channels_last", "bf16"]
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["peaks"] == {"fp32": 120.0, "bf16": 3.0} and result["peaks_before"]["fp32"] == 100.0

@@ -1,19 +1,24 @@
 """The benchmark harness behind `zoo bench NAME` and the scripts in bench/.
 
-One process, side by side, warm-up then medians: eager fp32, channels_last, bf16 autocast, compile,
-compile+bf16, int8 and the peer library's model where the family names one; throughput, ratio to
-eager, FLOPs, achieved GFLOP/s against this machine's measured matmul peak, and the peak memory of a
-training step measured in a fresh process.
+One process, side by side: eager fp32, channels_last, bf16 autocast, compile, compile+bf16, int8 and the
+peer library's model where the family names one, all built and warmed up first, then timed interleaved
+round by round (medians over rounds, the ratio to eager taken within each round); throughput, FLOPs,
+achieved GFLOP/s against the fp32/bf16 matmul peaks measured in the same run, before and after the rows;
+the CPU class in the header; `--save` writes the report to bench/results/NAME.CPU.txt (avx2, avx512, amx,
+...) so tables from different CPU classes sit side by side; and the peak memory of a training step
+measured in a fresh process.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib.util
 import inspect
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -23,12 +28,13 @@ from typing import Callable
 import torch
 from torch import nn
 
+from zoo.accel import hardware
 from zoo.accel.hardware import cpu_class, native_cpu_dtype
 from zoo.accel.variants import Variant, time_call, variants_for
 from zoo.models.base import ZooModel
 
-__all__ = ["time_call", "example_loss", "matmul_peak_gflops", "count_flops", "bench_rows", "train_step",
-           "peer_model", "format_table", "main"]
+__all__ = ["time_call", "example_loss", "matmul_peak_gflops", "count_flops", "bench_rows", "build_rows",
+           "time_rows", "cpu_tag", "train_step", "peer_model", "format_table", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent  # the source checkout, where bench/peers.py lives
 
@@ -71,22 +77,67 @@ def count_flops(model: nn.Module, inputs: tuple) -> int:
 
 
 def bench_rows(model: nn.Module, inputs: tuple, variants: list[Variant], *, label: str = "zoo",
-               reps: int = 5, baseline_s: float | None = None) -> list[dict]:
-    """Time each variant on a fresh copy of the model; ratio is to `baseline_s` (default: first row)."""
+               reps: int = 5, baseline_s: float | None = None, calls: int = 2) -> list[dict]:
+    """Time each variant on a fresh copy of the model, interleaved round by round (`time_rows`); ratio is to
+    `baseline_s` when given, else the median over rounds of first row / this row."""
+    rows = time_rows(build_rows(model, inputs, variants, label=label), rounds=reps, calls=calls)
+    if baseline_s:
+        for r in rows:
+            if "ms" in r:
+                r["ratio"] = baseline_s / (r["ms"] / 1e3)
+    return rows
+
+
+def build_rows(model: nn.Module, inputs: tuple, variants: list[Variant], *, label: str = "zoo") -> list[dict]:
+    """Build every variant on a fresh copy of `model` and warm it up (the first compiled calls compile): rows
+    for `time_rows`, each {"model", "mode", "run", "batch"}, or {"model", "mode", "error"} for a mode that
+    does not apply."""
     rows = []
-    batch = inputs[0].shape[0]
     for v in variants:
         try:
             runnable, x = v.build(copy.deepcopy(model).eval(), inputs)
+            run = functools.partial(_call, runnable, x)
             with torch.inference_mode():
-                seconds = time_call(lambda: runnable(*x), warmup=3 if v.compiled else 1, reps=reps)
+                for _ in range(3 if v.compiled else 1):
+                    run()
         except Exception as e:  # a mode that does not apply is a row saying so, not a crash
             rows.append({"model": label, "mode": v.name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"})
             continue
-        baseline_s = baseline_s or seconds
-        rows.append({"model": label, "mode": v.name, "ms": seconds * 1e3, "items_per_s": batch / seconds,
-                     "ratio": baseline_s / seconds})
+        rows.append({"model": label, "mode": v.name, "run": run, "batch": inputs[0].shape[0]})
     return rows
+
+
+def _call(runnable: Callable, x: tuple) -> None:
+    runnable(*x)
+
+
+def time_rows(rows: list[dict], *, rounds: int = 5, calls: int = 2) -> list[dict]:
+    """Time built rows interleaved: each round runs every row for `calls` calls (the median is that round's
+    time), starting one row later each round, so a machine that drifts (turbo, a neighbour) moves every row
+    alike instead of whichever ran last. Per row: the median over rounds of its time and of (first row's time
+    / its time) in the same round. Returns plain rows (no callables): model, mode, ms, items_per_s, ratio."""
+    live = [r for r in rows if "run" in r]
+    times: dict[int, list[float]] = {id(r): [] for r in live}
+    with torch.inference_mode():
+        for k in range(max(rounds, 1)):
+            shift = k % len(live) if live else 0
+            for r in live[shift:] + live[:shift]:
+                times[id(r)].append(time_call(r["run"], warmup=0, reps=max(calls, 1)))
+    out = []
+    for r in rows:
+        if "run" not in r:
+            out.append(dict(r))
+            continue
+        seconds = statistics.median(times[id(r)])
+        ratio = statistics.median(b / t for b, t in zip(times[id(live[0])], times[id(r)]))
+        out.append({"model": r["model"], "mode": r["mode"], "ms": seconds * 1e3, "items_per_s": r["batch"] / seconds,
+                    "ratio": ratio})
+    return out
+
+
+def cpu_tag() -> str:
+    """A short file-name tag of this CPU's class: "amx", "avx512bf16", "avx512", "avx2", else torch's name."""
+    return "".join(c for c in hardware.capabilities(cuda=False).cpu_class.lower() if c.isalnum()) or "cpu"
 
 
 def train_step(model: nn.Module, inputs: tuple, labels: torch.Tensor, bf16: bool) -> Callable[[], None]:
@@ -191,8 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-int8", action="store_true")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--no-memory", action="store_true", help="skip the training-step peak-memory probe")
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=5, help="rounds: each runs every row --calls times")
+    parser.add_argument("--calls", type=int, default=2, help="calls per row per round (the round's median)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    parser.add_argument("--save", action="store_true",
+                        help="also write the printed report to bench/results/NAME.CPU.txt (CPU: e.g. avx2, amx)")
     args = parser.parse_args(argv)
     overrides = {}
     for item in args.config:
@@ -207,23 +261,33 @@ def main(argv: list[str] | None = None) -> int:
     example = {"size": args.size} if args.size is not None else {}
     inputs = model.example_inputs(batch, **example)
     torch.manual_seed(0)
-    peaks = {"fp32": matmul_peak_gflops(torch.float32), "bf16": matmul_peak_gflops(torch.bfloat16)}
+    started = time.perf_counter()
+    report: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        report.append(line)
+
     flops = count_flops(model, inputs)
     params = sum(p.numel() for p in model.parameters())
     shapes = ", ".join(str(tuple(t.shape)) if isinstance(t, torch.Tensor) else repr(t) for t in inputs)
-    print(f"{args.name}: {params / 1e6:.2f}M params, {flops / 1e9:.2f} GFLOP per batch of {shapes}; "
-          f"{torch.get_num_threads()} threads; CPU {cpu_class()}; matmul peak fp32 {peaks['fp32']:.0f}, "
-          f"bf16 {peaks['bf16']:.0f} GFLOP/s")
-    rows = bench_rows(model, inputs, variants_for(model, compile=not args.no_compile, int8=not args.no_int8),
-                      reps=args.reps)
+    say(f"{args.name}: {params / 1e6:.2f}M params, {flops / 1e9:.2f} GFLOP per batch of {shapes}; "
+        f"{torch.get_num_threads()} threads; {hardware.capabilities(cuda=False).describe()}")
+    # the peaks of this run, sampled before and after the rows: a machine that drifts shows as two figures
+    before = {"fp32": matmul_peak_gflops(torch.float32), "bf16": matmul_peak_gflops(torch.bfloat16)}
+    built = build_rows(model, inputs, variants_for(model, compile=not args.no_compile, int8=not args.no_int8))
     if not args.no_peer:
         peer = peer_model(args.name, model)
         if peer is not None:
-            label, peer = peer  # a peer takes the zoo model's inputs
-            baseline = rows[0].get("ms", 0) / 1e3 or None
-            rows += bench_rows(peer, inputs, variants_for(peer, compile=False, int8=False),
-                               label=label, reps=args.reps, baseline_s=baseline)
-    print(format_table(rows, flops, peaks))
+            label, peer = peer  # a peer takes the zoo model's inputs; its ratio is to the zoo's eager row
+            built += build_rows(peer, inputs, variants_for(peer, compile=False, int8=False), label=label)
+    rows = time_rows(built, rounds=args.reps, calls=args.calls)
+    after = {"fp32": matmul_peak_gflops(torch.float32), "bf16": matmul_peak_gflops(torch.bfloat16)}
+    peaks = {k: max(before[k], after[k]) for k in before}
+    say(f"matmul peak of this run (before / after the rows): fp32 {before['fp32']:.0f} / {after['fp32']:.0f}, "
+        f"bf16 {before['bf16']:.0f} / {after['bf16']:.0f} GFLOP/s; rows interleaved, {args.reps} rounds x "
+        f"{args.calls} calls, medians; % peak of the higher")
+    say(format_table(rows, flops, peaks))
     memory = {}
     if not args.no_memory:
         steps = {}
@@ -236,11 +300,19 @@ def main(argv: list[str] | None = None) -> int:
                 memory[f"train step peak MB ({amp})"] = f"n/a ({e})"
         if len(steps) == 2:  # one step per fresh process: a rough figure, +-20% on this machine
             memory["train step bf16 speed-up"] = f"{steps['off'] / steps['bf16']:.2f}x"
-        print("; ".join(f"{k}: {v}" for k, v in memory.items()))
+        say("; ".join(f"{k}: {v}" for k, v in memory.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.name, "batch": batch, "params": params, "flops": flops, "peaks": peaks,
-                       "rows": rows, "memory": memory}, f, indent=2)
+                       "peaks_before": before, "peaks_after": after, "cpu": cpu_class(), "rows": rows,
+                       "memory": memory}, f, indent=2)
+    if args.save:
+        path = ROOT / "bench" / "results" / f"{args.name}.{cpu_tag()}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        command = " ".join(["zoo bench", *(argv if argv is not None else sys.argv[1:])])
+        path.write_text(f"# {command}, {time.strftime('%Y-%m-%d')}, {hardware.capabilities(cuda=False).describe()}; "
+                        f"took {time.perf_counter() - started:.0f} s\n" + "\n".join(report) + "\n")
+        print(f"saved {path}")
     return 0
 
 
