@@ -1,5 +1,8 @@
 """Train `diffusion_unet` (class-conditional) on scikit-learn's digits, an .npz or an ImageFolder.
 
+An ImageFolder's images may differ in size and mode; each is decoded when its batch is loaded, resized
+and centre-cropped to --image-size (an undecodable file: skipped with one warning, --strict-data: an error).
+
     python train_scripts/diffusion_unet.py --data digits --image-size 16 --steps 6000 --ema 0.999
     python train_scripts/diffusion_unet.py --eval-only --pretrained default --data digits
 
@@ -11,21 +14,42 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
 import zoo
+from zoo.data.images import run_counting_skipped
 from zoo.models.base import unwrap
 from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
 
-def load_data(spec: str, size: int, val_fraction: float):
-    """(train images in [-1, 1] (N, C, size, size), train labels, held-out images, labels, class names); the
-    held-out set is the data's test split, else --val-fraction of the training images (None for 0)."""
+def load_data(spec: str, size: int, val_fraction: float, strict: bool = False):
+    """(training dataset, held-out dataset or None, channels, class names) of (image in [-1, 1] (C, size,
+    size), label); the held-out set is the data's test split, else --val-fraction of the training images
+    (None for 0). An ImageFolder is decoded lazily, each image resized + centre-cropped to `size`."""
+    from torch.utils.data import TensorDataset
     if spec == "digits":
         from zoo.data.digits import load_digits_images
-        return (*load_digits_images(size, split="train"), *load_digits_images(size, split="test"),
-                [str(i) for i in range(10)])
+        x, y = load_digits_images(size, split="train")
+        return TensorDataset(x, y), TensorDataset(*load_digits_images(size, split="test")), x.shape[1], \
+            [str(i) for i in range(10)]
+    if Path(spec).is_dir():  # any sizes and modes, decoded per item in the DataLoader's workers
+        from torchvision.transforms import v2 as T
+        from zoo.data.images import image_folder_datasets
+        train, held_out, names = image_folder_datasets(spec, val_fraction=val_fraction, strict=strict)
+        to_unit = T.Compose([T.Resize(size, antialias=True), T.CenterCrop(size), T.ToDtype(torch.float32, scale=True),
+                             T.Normalize([0.5] * 3, [0.5] * 3)])  # [0, 1] -> [-1, 1]
+        for data in (train, held_out):
+            if data is not None:
+                data.transform = to_unit
+        return train, held_out, 3, names
+    x, y, x_val, y_val, names = _load_arrays(spec, size, val_fraction)
+    return TensorDataset(x, y), (TensorDataset(x_val, y_val) if x_val is not None else None), x.shape[1], names
+
+
+def _load_arrays(spec: str, size: int, val_fraction: float):
+    """An .npz's images as tensors in [-1, 1] (N, C, size, size), labels, and the held-out ones."""
     from zoo.data.images import load_train_and_held_out
     x, y, x_val, y_val, names = load_train_and_held_out(spec, val_fraction=val_fraction)
 
@@ -48,10 +72,10 @@ def build_task(cfg) -> Task:
     if cfg.pretrained:
         model = zoo.load("diffusion_unet", pretrained=cfg.pretrained)
         size = model.config.image_size
-    x, y, x_val, y_val, names = load_data(cfg.data, size, a["val_fraction"])
+    train_data, eval_data, channels, names = load_data(cfg.data, size, a["val_fraction"], a["strict_data"])
     if not cfg.pretrained:
         widths = tuple(int(w) for w in a["widths"].split(","))
-        model = zoo.load("diffusion_unet", image_size=size, in_chans=x.shape[1], widths=widths,
+        model = zoo.load("diffusion_unet", image_size=size, in_chans=channels, widths=widths,
                          num_classes=0 if a["unconditional"] else len(names), dropout=a["dropout"])
     k = model.config.num_classes
 
@@ -92,8 +116,8 @@ def build_task(cfg) -> Task:
 
     return Task(
         name="diffusion_unet", model=model,
-        train_data=torch.utils.data.TensorDataset(x, y) if not cfg.eval_only else None,
-        eval_data=torch.utils.data.TensorDataset(x_val, y_val) if x_val is not None else None,
+        train_data=train_data if not cfg.eval_only else None,
+        eval_data=eval_data,
         loss=loss, eval_step=eval_step, summarize=summarize, after_eval=after_eval, final_eval=final_eval,
         eval_batch_size=256,
         meta={"labels": names if k else None, "dataset": f"{cfg.data} at {size}x{size}",
@@ -111,11 +135,13 @@ def main(argv=None):
     g.add_argument("--dropout", type=float, default=0.1)
     g.add_argument("--val-fraction", type=float, default=0.1, help="share of the training images held out for "
                    "the validation loss when the data has no test split; 0: no evaluation")
+    g.add_argument("--strict-data", action="store_true", help="an ImageFolder file that cannot be decoded is "
+                   "an error (default: skipped, named in one warning, counted at the end)")
     g.add_argument("--unconditional", action="store_true", help="ignore class labels")
     g.add_argument("--guidance", type=float, default=2.0, help="classifier-free guidance scale for samples")
     g.add_argument("--judge-samples", type=int, default=500, help="samples judged at the end (digits)")
     setup_logging()
-    return run(config_from_args(parser.parse_args(argv)), build_task)
+    return run_counting_skipped(run, config_from_args(parser.parse_args(argv)), build_task)
 
 
 if __name__ == "__main__":

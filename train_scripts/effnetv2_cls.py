@@ -6,7 +6,11 @@
     python train_scripts/effnetv2_cls.py --eval-only --pretrained default --data ../shared/data/cifar10/cifar10_small.npz
 
 The .npz holds x_train/y_train and x_test/y_test (evaluated each epoch); an ImageFolder has train/
-and test/ (or val/) sub-folders, or is one folder of classes. Data without a test split is evaluated on
+and test/ (or val/) sub-folders, or is one folder of classes. A folder's images may differ in size and
+mode (JPEG, PNG, WebP, BMP; grey, palette, RGBA onto white, CMYK, 16-bit; EXIF orientation applied): each
+is decoded when its batch is loaded (in the --workers), random-resized-cropped to --image-size for
+training and resized + centre-cropped for evaluation. An undecodable file is skipped with a warning that
+names it (--strict-data: an error). Data without a test split is evaluated on
 --val-fraction of its training images, held out (seed 0). --eval-data takes the held-out set from another
 file, e.g. train on cifar10_train50k.npz and test on cifar10_small.npz.
 """
@@ -14,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import zoo
-from zoo.data.images import ArrayImages, load_train_and_held_out, tensor_eval_transform, train_transform
+from zoo.data.images import (ArrayImages, image_folder_datasets, load_train_and_held_out, run_counting_skipped,
+                              tensor_eval_transform, train_transform)
 from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
 CIFAR_MEAN, CIFAR_STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
@@ -30,12 +36,21 @@ def build_task(cfg) -> Task:
     a = cfg.extra
     if cfg.data is None:
         raise ValueError("--data is required: an ImageFolder directory or an .npz with x_train/y_train")
-    # --eval-data e.g. trains on cifar10_train50k.npz and tests on cifar10_small.npz's x_test
-    x_train, y_train, x_test, y_test, names = load_train_and_held_out(
-        cfg.data, val_fraction=a["val_fraction"], eval_path=a["eval_data"])
-    size = a["image_size"] or x_train.shape[1]
-    small = size <= 64
+    folder = Path(cfg.data).is_dir()
+    if folder:  # files listed, decoded per item in the DataLoader's workers: any sizes, any number
+        train_data, eval_data, names = image_folder_datasets(
+            cfg.data, val_fraction=a["val_fraction"], eval_path=a["eval_data"], strict=a["strict_data"])
+        size = a["image_size"]  # else the model's preprocessing, below
+    else:
+        # --eval-data e.g. trains on cifar10_train50k.npz and tests on cifar10_small.npz's x_test
+        x_train, y_train, x_test, y_test, names = load_train_and_held_out(
+            cfg.data, val_fraction=a["val_fraction"], eval_path=a["eval_data"])
+        train_data = ArrayImages(x_train, y_train)
+        eval_data = ArrayImages(x_test, y_test) if x_test is not None else None
+        size = a["image_size"] or x_train.shape[1]
+    small = (size or (32 if a["stem_stride"] == 1 else 224)) <= 64
     mean, std = (CIFAR_MEAN, CIFAR_STD) if small else (IMAGENET_MEAN, IMAGENET_STD)
+    resize = None
 
     if cfg.pretrained:
         overrides = {"num_classes": cfg.num_classes} if cfg.num_classes else {}
@@ -43,6 +58,8 @@ def build_task(cfg) -> Task:
         meta = model.pretrained_meta
         if meta and meta.preprocessing.get("mean"):
             mean, std = meta.preprocessing["mean"], meta.preprocessing["std"]
+        if folder and size is None and meta and meta.preprocessing.get("crop"):  # the weights' own sizes
+            size, resize = meta.preprocessing["crop"], meta.preprocessing.get("resize")
         if cfg.eval_only and meta and meta.labels and len(meta.labels) == len(names):
             names = meta.labels
     else:
@@ -80,15 +97,22 @@ def build_task(cfg) -> Task:
         return {"top1": round(float(cm.diag().sum() / total), 4), "top5": round(float(s["top5"] / total), 4),
                 "confusion": cm.tolist()}
 
-    train_tf = train_transform(size, small=small, augment=a["augment"], mean=mean, std=std)
-    eval_tf = tensor_eval_transform(size, small=small, mean=mean, std=std)
+    if size is None:  # a folder of any sizes: the model's own (32 with --stem-stride 1, else 224)
+        size = model.preprocessing["crop"]
+    # images of one size (an .npz) that are small are pad-cropped; a folder's, of any sizes, always
+    # random-resized-cropped for training and resized + centre-cropped for evaluation
+    crop_as_small = small and not folder
+    if train_data is not None:
+        train_data.transform = train_transform(size, small=crop_as_small, augment=a["augment"], mean=mean, std=std)
+    if eval_data is not None:
+        eval_data.transform = tensor_eval_transform(size, small=crop_as_small, mean=mean, std=std, resize=resize)
     return Task(
         name="effnetv2_cls", model=model,
-        train_data=ArrayImages(x_train, y_train, train_tf) if not cfg.eval_only else None,
-        eval_data=ArrayImages(x_test, y_test, eval_tf) if x_test is not None else None,
+        train_data=train_data if not cfg.eval_only else None,
+        eval_data=eval_data,
         loss=loss, eval_step=eval_step, summarize=summarize, eval_batch_size=256,
         meta={"labels": names, "dataset": str(cfg.data),
-              "preprocessing": {"resize": size, "crop": size, "mean": mean, "std": std, "interpolation": "bilinear"}},
+              "preprocessing": {"resize": resize or size, "crop": size, "mean": mean, "std": std, "interpolation": "bilinear"}},
     )
 
 
@@ -110,7 +134,10 @@ def main(argv=None):
                    "when --data has none")
     g.add_argument("--val-fraction", type=float, default=0.1, help="share of the training images held out for "
                    "evaluation when the data has no test split (x_test, test/ or val/); 0: no evaluation")
-    g.add_argument("--image-size", type=int, default=None, help="train/eval size (default: the data's)")
+    g.add_argument("--image-size", type=int, default=None, help="train/eval size (default: the .npz's; for an "
+                   "ImageFolder the weights' preprocessing, else 32 with --stem-stride 1 and 224 otherwise)")
+    g.add_argument("--strict-data", action="store_true", help="an ImageFolder file that cannot be decoded is "
+                   "an error (default: skipped, named in one warning, counted at the end)")
     g.add_argument("--augment", default="trivial", choices=["trivial", "randaugment", "none"])
     g.add_argument("--label-smoothing", type=float, default=0.1)
     g.add_argument("--mixup", type=float, default=0.0, help="MixUp alpha (0 = off)")
@@ -122,7 +149,7 @@ def main(argv=None):
     if args.stem_stride is None:
         args.stem_stride = 1 if (args.image_size or 32) <= 64 else 2
     setup_logging()
-    return run(config_from_args(args), build_task)
+    return run_counting_skipped(run, config_from_args(args), build_task)  # and the undecodable files' count
 
 
 if __name__ == "__main__":

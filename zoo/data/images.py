@@ -4,7 +4,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-__all__ = ["open_image", "eval_transform", "load_image_split", "load_train_and_held_out", "MissingSplit"]
+__all__ = ["open_image", "eval_transform", "load_image_split", "load_train_and_held_out", "MissingSplit",
+           "ImageFiles", "image_folder_datasets", "run_counting_skipped"]
 
 log = logging.getLogger(__name__)
 HELD_OUT_SPLITS = ("test", "val")  # an ImageFolder's held-out sub-folder, first found
@@ -32,9 +33,9 @@ def _high_depth_to_8bit(im):
 
 
 def open_image(source):
-    """A PIL RGB image from a path or PIL image; grey-scale (8-bit, 16-bit or float), palette and RGBA are
-    converted."""
-    from PIL import Image, UnidentifiedImageError
+    """A PIL RGB image from a path or PIL image; grey-scale (8-bit, 16-bit or float), palette, CMYK and
+    RGBA (onto white) are converted; a file's EXIF orientation is applied."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
     if isinstance(source, Image.Image):
         if source.mode.startswith("I") or source.mode == "F":
             source = _high_depth_to_8bit(source)
@@ -44,7 +45,8 @@ def open_image(source):
         raise FileNotFoundError(f"image {str(path)!r} does not exist")
     try:
         with Image.open(path) as im:
-            if im.mode in ("RGBA", "LA", "P"):
+            im = ImageOps.exif_transpose(im)  # phones store portrait photos landscape, with an EXIF rotation
+            if im.mode in ("RGBA", "LA", "P", "PA"):
                 im = im.convert("RGBA")
                 background = Image.new("RGBA", im.size, (255, 255, 255, 255))
                 return Image.alpha_composite(background, im).convert("RGB")  # transparent -> white
@@ -107,17 +109,7 @@ def load_image_split(path: str | Path, split: str):
         names = names or [str(i) for i in range(int(y.max()) + 1)]
         return x, y, names
     if path.is_dir():
-        from torchvision.datasets import ImageFolder
-        if split == "train":
-            root = path / split if (path / split).is_dir() else path
-        else:  # never the training images themselves: scores on them would be stored as held-out metrics
-            found = [path / name for name in HELD_OUT_SPLITS if (path / name).is_dir()]
-            if not found:
-                raise MissingSplit(f"{path} has no {' or '.join(f'{n}/' for n in HELD_OUT_SPLITS)} sub-folder")
-            root = found[0]
-        folder = ImageFolder(str(root), loader=open_image)
-        if not folder.samples:
-            raise ValueError(f"{root} holds no images in class sub-folders")
+        root, folder = _folder_split(path, split)
         images = np.stack([np.asarray(open_image(p)) for p, _ in folder.samples]) if _same_size(folder) else None
         if images is None:
             raise ValueError(f"{root}: images differ in size; resize them to one size first (e.g. 224x224)")
@@ -145,15 +137,162 @@ def load_train_and_held_out(path: str | Path, *, val_fraction: float, eval_path:
     if val_fraction == 0:
         log.info("%s; --val-fraction 0: no evaluation, no metrics stored", reason)
         return x, y, None, None, names
-    n_val = max(1, round(len(x) * val_fraction))
-    if n_val >= len(x):
-        raise ValueError(f"{path}: {len(x)} images are too few to hold out {val_fraction:.0%} and still train")
-    order = np.random.default_rng(seed).permutation(len(x))
-    val, train = np.sort(order[:n_val]), np.sort(order[n_val:])
-    log.info("%s; holding out %d of its %d training images (--val-fraction %g, seed %d) for evaluation",
-             reason, n_val, len(x), val_fraction, seed)
+    train, val = _hold_out(len(x), val_fraction, seed, path, reason)
     y = np.asarray(y)
     return x[train], y[train], x[val], y[val], names
+
+
+def _hold_out(n: int, val_fraction: float, seed: int, path, reason: str):
+    """(train indices, held-out indices), sorted: `val_fraction` of `n` drawn with a fixed `seed`."""
+    import numpy as np
+    n_val = max(1, round(n * val_fraction))
+    if n_val >= n:
+        raise ValueError(f"{path}: {n} images are too few to hold out {val_fraction:.0%} and still train")
+    order = np.random.default_rng(seed).permutation(n)
+    log.info("%s; holding out %d of its %d training images (--val-fraction %g, seed %d) for evaluation",
+             reason, n_val, n, val_fraction, seed)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+def _folder_split(path: Path, split: str):
+    """(root, torchvision ImageFolder) of `split` in train|test of an ImageFolder tree; files listed, none read."""
+    from torchvision.datasets import ImageFolder
+    if split == "train":
+        root = path / split if (path / split).is_dir() else path
+    else:  # never the training images themselves: scores on them would be stored as held-out metrics
+        found = [path / name for name in HELD_OUT_SPLITS if (path / name).is_dir()]
+        if not found:
+            raise MissingSplit(f"{path} has no {' or '.join(f'{n}/' for n in HELD_OUT_SPLITS)} sub-folder")
+        root = found[0]
+    folder = ImageFolder(str(root), loader=open_image)
+    if not folder.samples:
+        raise ValueError(f"{root} holds no images in class sub-folders")
+    return root, folder
+
+
+# Pillow's ways of saying a file is not a readable image (broken headers, truncated data, bombs)
+_UNDECODABLE = (OSError, ValueError, SyntaxError, EOFError)
+
+
+class ImageFiles:
+    """Image files with integer labels, as a map-style dataset of (transformed image, label), decoded one by
+    one in `__getitem__` (so in the DataLoader's workers): memory does not grow with the number of files.
+
+    Each file goes through `open_image` (any size and mode, EXIF orientation applied) to a uint8 (C, H, W)
+    tensor, then `transform`. A file that cannot be decoded is named in one warning (once across workers)
+    and the next file stands in for it; `skipped()` lists them for the count at the end. `strict=True`
+    makes such a file an error instead.
+    """
+
+    def __init__(self, samples: list[tuple[str, int]], transform=None, *, strict: bool = False, root=None):
+        import multiprocessing
+        if not samples:
+            raise ValueError(f"{root or 'the image folder'} holds no images")
+        self.samples, self.transform, self.strict, self.root = list(samples), transform, strict, root
+        self.labels = [int(label) for _, label in self.samples]
+        # one byte per file, shared with the workers (inherited or sent when they start): 1 = undecodable
+        self._bad = multiprocessing.Array("b", len(self.samples))
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        import numpy as np
+        import torch
+        for j in range(len(self.samples)):  # an undecodable file: the next one stands in for it
+            k = (i + j) % len(self.samples)
+            if self._bad[k]:
+                continue
+            path, label = self.samples[k]
+            try:
+                image = open_image(path)
+            except _UNDECODABLE as e:
+                self._mark_bad(k, e)
+                continue
+            x = torch.from_numpy(np.array(image)).permute(2, 0, 1)  # (C, H, W) uint8
+            return (self.transform(x) if self.transform else x), label
+        raise RuntimeError(f"none of the {len(self.samples)} images under {self.root} could be decoded")
+
+    def _mark_bad(self, k: int, error: Exception) -> None:
+        path = self.samples[k][0]
+        if self.strict:
+            raise ValueError(f"{path} cannot be decoded ({error}); remove it, or drop --strict-data to skip "
+                             "such files with a warning") from None
+        with self._bad.get_lock():
+            first = not self._bad[k]
+            self._bad[k] = 1
+        if first:
+            log.warning("skipping %s: it cannot be decoded (%s)", path, error)
+
+    def skipped(self) -> list[str]:
+        """The files found undecodable so far (by any worker)."""
+        return [self.samples[k][0] for k, bad in enumerate(self._bad[:]) if bad]
+
+    def log_skipped(self) -> None:
+        """One warning with the count of skipped files, if any (at the end of a run)."""
+        bad = self.skipped()
+        if bad:
+            log.warning("%d of the %d image files under %s could not be decoded and were skipped",
+                        len(bad), len(self.samples), self.root)
+
+
+def image_folder_datasets(path: str | Path, *, val_fraction: float, eval_path: str | Path | None = None,
+                          seed: int = 0, strict: bool = False):
+    """(training ImageFiles, held-out dataset or None, class names) of an ImageFolder tree, lazily decoded.
+
+    The held-out set is chosen as `load_train_and_held_out` chooses it: `eval_path`'s test split (an
+    ImageFolder's test/ or val/, or an .npz's x_test as an in-memory `ArrayImages`), else `path`'s own
+    test/ or val/, else `val_fraction` of the training files with a fixed `seed` (0: None). Transforms
+    are left unset: assign `.transform` on each.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"--val-fraction is the share of training images held out, in [0, 1); got {val_fraction}")
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"{path}: expected an ImageFolder directory")
+    root, folder = _folder_split(path, "train")
+    names = list(folder.classes)
+    train = ImageFiles(folder.samples, strict=strict, root=root)
+    source = Path(eval_path) if eval_path else path
+    try:
+        if source.is_dir():
+            held_root, held = _folder_split(source, "test")
+            if list(held.classes) != names:  # ImageFolder numbers classes by name: they must be the same
+                raise ValueError(f"{held_root} has classes {held.classes} but {root} has {names}")
+            held_out = ImageFiles(held.samples, strict=strict, root=held_root)
+        else:
+            x, y, _ = load_image_split(source, "test")
+            held_out = ArrayImages(x, y)
+        log.info("evaluating on the held-out split of %s", source)
+        return train, held_out, names
+    except MissingSplit as e:
+        if eval_path:
+            raise
+        reason = str(e)
+    if val_fraction == 0:
+        log.info("%s; --val-fraction 0: no evaluation, no metrics stored", reason)
+        return train, None, names
+    kept, val = _hold_out(len(train), val_fraction, seed, path, reason)
+    samples = train.samples
+    return (ImageFiles([samples[i] for i in kept], strict=strict, root=root),
+            ImageFiles([samples[i] for i in val], strict=strict, root=root), names)
+
+
+def run_counting_skipped(run, cfg, build_task):
+    """`run(cfg, build_task)` of a train script, then one warning per ImageFolder split of its task that had
+    undecodable files, with their count (also when the run stops with an error)."""
+    folders = []
+
+    def build(cfg):
+        task = build_task(cfg)
+        folders.extend(d for d in (task.train_data, task.eval_data) if isinstance(d, ImageFiles))
+        return task
+
+    try:
+        return run(cfg, build)
+    finally:
+        for data in folders:
+            data.log_skipped()
 
 
 def _same_size(folder) -> bool:
@@ -178,9 +317,10 @@ def train_transform(size: int, *, small: bool, augment: str = "trivial", mean=No
     return T.Compose(ops + [T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)])
 
 
-def tensor_eval_transform(size: int, *, small: bool, mean, std):
-    """Evaluation on uint8 (C, H, W) tensors: as-is for small images, resize + centre-crop otherwise."""
+def tensor_eval_transform(size: int, *, small: bool, mean, std, resize: int | None = None):
+    """Evaluation on uint8 (C, H, W) tensors: as-is for small images, resize the short side (`resize`,
+    default size * 256/224) + centre-crop otherwise."""
     import torch
     from torchvision.transforms import v2 as T
-    ops = [] if small else [T.Resize(int(size * 256 / 224), antialias=True), T.CenterCrop(size)]
+    ops = [] if small else [T.Resize(resize or int(size * 256 / 224), antialias=True), T.CenterCrop(size)]
     return T.Compose(ops + [T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)])
