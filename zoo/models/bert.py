@@ -24,6 +24,7 @@ from zoo.blocks.layers import Dropout
 from zoo.data.tokenizers import load_tokenizer, minilm_folder, tokenizer_spec
 from zoo.models.base import ZooModel
 from zoo.registry import register_model
+from zoo.weights.loading import key_problems
 
 log = logging.getLogger(__name__)
 
@@ -244,9 +245,8 @@ class BertClassifier(ZooModel):
         ignored = {f"{prefix}embeddings.position_ids", f"{prefix}embeddings.token_type_ids"}  # buffers, not weights
         unexpected = sorted(set(state_dict) - taken - ignored - set(dropped) - set(classifier))
         if missing or unexpected:
-            problems = [f"{len(keys)} {what} keys: {', '.join(keys[:12])}" + (" ..." if len(keys) > 12 else "")
-                        for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-            raise ValueError(f"{folder}: not a BERT checkpoint bert_cls can load ({'; '.join(problems)}). It loads "
+            problems = key_problems(missing=missing, unexpected=unexpected)
+            raise ValueError(f"{folder}: not a BERT checkpoint bert_cls can load ({problems}). It loads "
                              "the state dicts of BertModel and every BertFor* class of transformers, with or without "
                              "the `bert.` prefix, and zoo's own keys")
         if classifier:

@@ -25,6 +25,7 @@ from zoo.blocks.attention import KVCache, MultiHeadAttention
 from zoo.blocks.layers import Dropout, RMSNorm, SwiGLU
 from zoo.models.base import ZooModel, unwrap
 from zoo.registry import register_model
+from zoo.weights.loading import key_problems
 
 __all__ = ["LMConfig", "TransformerLM", "to_hf_state_dict", "to_hf_config"]
 
@@ -155,9 +156,8 @@ class TransformerLM(ZooModel):
         # rotary inverse frequencies: a buffer older transformers saved, derived from the config
         unexpected = sorted(k for k in set(state_dict) - taken if not k.endswith("rotary_emb.inv_freq"))
         if missing or unexpected:
-            problems = [f"{len(keys)} {what} keys: {', '.join(keys[:12])}" + (" ..." if len(keys) > 12 else "")
-                        for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-            raise ValueError(f"{folder}: not a LLaMA checkpoint transformer_lm can load ({'; '.join(problems)}). "
+            problems = key_problems(missing=missing, unexpected=unexpected)
+            raise ValueError(f"{folder}: not a LLaMA checkpoint transformer_lm can load ({problems}). "
                              "It loads the state dicts of transformers' LlamaForCausalLM and LlamaModel "
                              "(with tie_word_embeddings) and zoo's own keys")
         return mapped, config

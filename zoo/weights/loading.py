@@ -30,20 +30,20 @@ def load_state_dict_into(model: torch.nn.Module, state_dict: dict[str, torch.Ten
         missing = [k for k in missing if not in_head(k)]
         unexpected = [k for k in unexpected if not in_head(k)]
         mismatched = [k for k in mismatched if not in_head(k)]
-    problems = []
-    for label, keys in (("missing", missing), ("unexpected", unexpected)):
-        if keys:
-            problems.append(f"{len(keys)} {label} keys: {_key_list(keys)}")
-    if mismatched:
-        shapes = [f"{k} (checkpoint {tuple(state_dict[k].shape)}, model {tuple(own[k].shape)})" for k in mismatched]
-        problems.append(f"{len(mismatched)} mis-shaped keys: {_key_list(shapes)}")
+    shapes = [f"{k} (checkpoint {tuple(state_dict[k].shape)}, model {tuple(own[k].shape)})" for k in mismatched]
+    problems = key_problems(missing=missing, unexpected=unexpected, **{"mis-shaped": shapes})
     if problems:
         hint = " Pass num_classes=... to re-initialise the head." if any(map(in_head, mismatched)) else ""
-        raise WeightsError(f"weights {source} do not fit {type(model).__name__}: {'; '.join(problems)}.{hint}")
+        raise WeightsError(f"weights {source} do not fit {type(model).__name__}: {problems}.{hint}")
     if skipped:
         warnings.warn(f"{type(model).__name__}: head re-initialised (new num_classes, or no head in the "
                       f"checkpoint); not loaded from {source}: {', '.join(skipped)}", UserWarning, stacklevel=3)
     model.load_state_dict({k: v for k, v in state_dict.items() if k not in skipped}, strict=False)
+
+
+def key_problems(**groups: list[str]) -> str:
+    """"2 missing keys: a, b; 1 unexpected keys: c" for the non-empty groups; "" when all are empty."""
+    return "; ".join(f"{len(keys)} {what} keys: {_key_list(keys)}" for what, keys in groups.items() if keys)
 
 
 def _key_list(keys: list[str], limit: int = 12) -> str:
