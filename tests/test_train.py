@@ -491,3 +491,12 @@ def test_diffusion_unet_ddp_replicas_stay_identical(tmp_path):
              script=ROOT / "train_scripts" / "diffusion_unet.py")
     r = replicas(tmp_path / "run")
     assert r["world_size"] == 2 and r["fingerprints"][0] == r["fingerprints"][1]
+
+
+def test_recorded_command_has_paths_relative_to_the_checkout(monkeypatch):
+    from zoo.train.trainer import CHECKOUT, command_line
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(sys, "argv", [str(CHECKOUT / "train_scripts" / "x.py"), "--out", "/elsewhere/runs/a",
+                                      f"--data={CHECKOUT.parent}/shared/d.txt", "--lr", "1e-3"])
+    assert command_line() == "python train_scripts/x.py --out " + os.path.relpath("/elsewhere/runs/a", CHECKOUT) \
+        + " --data=../shared/d.txt --lr 1e-3"

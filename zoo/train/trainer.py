@@ -556,10 +556,22 @@ def _batch_size(batch) -> int:
     return 0
 
 
+CHECKOUT = Path(__file__).resolve().parents[2]  # where the recorded command is meant to be run from
+
+
 def command_line() -> str:
+    """The command as a reader of the weights' card can rerun it from the checkout: absolute paths (a run folder
+    in /home/..., data beside the checkout) are recorded relative to the checkout."""
     launcher = "torchrun --nproc_per_node=" + os.environ["LOCAL_WORLD_SIZE"] + " " \
         if "LOCAL_WORLD_SIZE" in os.environ else "python "
-    return launcher + " ".join(shlex.quote(a) for a in sys.argv)
+    return launcher + " ".join(shlex.quote(_relative(a)) for a in sys.argv)
+
+
+def _relative(arg: str) -> str:
+    flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    if not os.path.isabs(value):
+        return arg
+    return flag + eq + os.path.relpath(value, CHECKOUT)
 
 
 # Mistakes a user can fix. RuntimeError is left out on purpose: torch raises it for internal failures,
