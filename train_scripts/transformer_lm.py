@@ -63,7 +63,8 @@ def build_task(cfg) -> Task:
     def after_eval(m, metrics, out, is_main):
         # eager: every new cache length would be a new graph for a compiled model
         with torch.compiler.set_stance("force_eager"):
-            sample = m.generate(torch.tensor([tokenizer.encode("\n")]), 200, temperature=0.8, seed=0)
+            # prompted with the corpus's own first token: a corpus without newlines has no "\n" to start from
+            sample = m.generate(torch.tensor([ids[:1].tolist()]), 200, temperature=0.8, seed=0)
         if is_main:
             (out / "sample.txt").write_text(tokenizer.decode(sample[0].tolist()))
 

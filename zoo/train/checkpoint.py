@@ -75,12 +75,13 @@ RUN_FILES = ("model.safetensors", "metrics.jsonl", "metrics.csv", "curves.png", 
 
 
 def run_contents(out: str | Path) -> list[Path]:
-    """The files and folders of an earlier run in `out`: checkpoints (whole or half-written) and RUN_FILES."""
+    """The files and folders of an earlier run in `out`: checkpoints (whole or half-written), --keep-best's
+    best-*.safetensors and RUN_FILES."""
     out = Path(out)
     if not out.is_dir():
         return []
     return sorted(p for p in out.iterdir()
-                  if p.name in RUN_FILES or p.name.startswith((PREFIX, f".tmp-{PREFIX}")))
+                  if p.name in RUN_FILES or p.name.startswith((PREFIX, f".tmp-{PREFIX}", "best-", ".best-")))
 
 
 def claim_run_folder(out: str | Path, *, overwrite: bool, is_main: bool) -> None:

@@ -28,7 +28,10 @@ class TrainConfig:
     steps: int | None = _flag(None, "optimiser steps (instead of --epochs)")
     batch_size: int = _flag(32, "per process, per micro-batch; global batch = batch size x processes x grad accum")
     lr: float = _flag(1e-3, "peak learning rate")
-    min_lr_ratio: float = _flag(0.1, "cosine decays to lr x this")
+    schedule: str = _flag("cosine", "learning-rate schedule after the warm-up (wsd: warm-up, stable, decay)",
+                          choices=["cosine", "linear", "constant", "wsd"])
+    min_lr_ratio: float = _flag(0.1, "the schedule decays to lr x this")
+    decay_fraction: float = _flag(0.2, "wsd: the last fraction of the steps, in which the rate decays")
     weight_decay: float = _flag(0.05, "AdamW decay (not applied to norms and biases)")
     warmup: int = _flag(100, "warm-up optimiser steps (linear)")
     grad_accum: int = _flag(1, "micro-batches accumulated per optimiser step")
@@ -36,6 +39,8 @@ class TrainConfig:
     amp: str = _flag("off", "mixed precision; on hardware without native bf16/fp16 it runs fp32 with a warning, "
                             "bf16! / fp16! force the slow path", choices=["off", "bf16", "fp16", "bf16!", "fp16!"])
     compile: bool = _flag(False, "torch.compile the model")
+    compile_mode: str | None = _flag(None, "torch.compile mode (implies --compile)",
+                                     choices=["default", "reduce-overhead", "max-autotune"])
     ema: float | None = _flag(None, "EMA decay, e.g. 0.999; evaluation and saved weights then use the EMA",
                               metavar="DECAY")
     dist: str = _flag("none", "data parallel under torchrun", choices=["none", "ddp", "fsdp"])
@@ -56,6 +61,11 @@ class TrainConfig:
     save_every: int | None = _flag(None, "optimiser steps between checkpoints (default: at each evaluation)",
                                    metavar="STEPS")
     keep: int = _flag(3, "checkpoints to keep")
+    keep_best: str | None = _flag(None, "keep the weights of the best evaluation by this metric and ship them "
+                                        "(lower is better for *loss/*ppl/*error, higher otherwise; force with "
+                                        "METRIC:min or METRIC:max)", metavar="METRIC")
+    early_stop: int | None = _flag(None, "stop after this many evaluations without a better --keep-best metric",
+                                   metavar="PATIENCE")
     log_every: int = _flag(10, "optimiser steps between training-loss records", metavar="STEPS")
     device: str = _flag("auto", "auto | cpu | cuda | cuda:N")
     save_dtype: str = _flag("fp32", "dtype of the final weights file", choices=["fp32", "fp16", "bf16"])
@@ -83,8 +93,24 @@ class TrainConfig:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         for f in _flag_fields():
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
-            if choices and value not in choices:
+            if choices and value is not None and value not in choices:
                 raise ValueError(f"--{_flag_name(f)} must be one of {', '.join(choices)}, got {value!r}")
+        if self.compile_mode is not None:  # a mode without compiling would be silently ignored
+            object.__setattr__(self, "compile", True)
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ValueError(f"--decay-fraction is a fraction of the steps in (0, 1], got {self.decay_fraction}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"--min-lr-ratio is a fraction of --lr in [0, 1], got {self.min_lr_ratio}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0 steps, got {self.warmup}")
+        if self.keep_best is not None:
+            from zoo.train.best import parse_metric
+            parse_metric(self.keep_best)
+        if self.early_stop is not None:
+            if self.keep_best is None:
+                raise ValueError("--early-stop needs --keep-best METRIC: the metric whose improvement it waits for")
+            if self.early_stop < 1:
+                raise ValueError(f"--early-stop is a number of evaluations >= 1, got {self.early_stop}")
         if self.ema is not None and not 0.0 < self.ema < 1.0:
             raise ValueError(f"--ema is a decay in (0, 1), e.g. 0.999; got {self.ema}")
 

@@ -34,11 +34,13 @@ from zoo._io import atomic_write_bytes
 from zoo.accel.amp import autocast, grad_scaler, resolve_dtype
 from zoo.accel.compile import compile as zoo_compile
 from zoo.models.base import ZooModel
+from zoo.train.best import BestTracker, best_file, best_files
 from zoo.train.checkpoint import claim_run_folder, find_checkpoint, load_checkpoint, save_checkpoint
 from zoo.train.config import TrainConfig
 from zoo.train.distributed import DistContext, fingerprint, init_distributed
 from zoo.train.ema import EMA
 from zoo.train.metrics import MetricsLogger, format_metrics
+from zoo.train.schedules import lr_schedule
 
 log = logging.getLogger("zoo.train")
 
@@ -99,15 +101,6 @@ def decay_param_groups(model: nn.Module, weight_decay: float, lr: float | None =
     return [g for g in groups if g["params"]]
 
 
-def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-    return factor
-
-
 class _ResumableBatches:
     """A batch sampler that can skip the batches already consumed in this epoch (exact resume)."""
 
@@ -145,7 +138,7 @@ class Trainer:
         self.out = Path(cfg.out)
         self.plain = task.model.to(self.device)
         if cfg.compile:
-            zoo_compile(self.plain)  # in place: keys and methods unchanged
+            zoo_compile(self.plain, mode=cfg.compile_mode or "default")  # in place: keys and methods unchanged
         self.model = ctx.wrap(self.plain)
         groups = (task.param_groups(self.plain, cfg) if task.param_groups
                   else decay_param_groups(self.plain, cfg.weight_decay))
@@ -165,8 +158,13 @@ class Trainer:
             raise ValueError(f"{len(task.train_data)} training examples make no full step of batch "
                              f"{cfg.batch_size} x {ctx.world_size} processes x {cfg.grad_accum} accumulation")
         self.total_steps = cfg.steps if cfg.steps is not None else (cfg.epochs or 0) * self.steps_per_epoch
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, warmup_cosine(min(cfg.warmup, self.total_steps), self.total_steps, cfg.min_lr_ratio))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(
+            cfg.schedule, min(cfg.warmup, self.total_steps), self.total_steps, cfg.min_lr_ratio, cfg.decay_fraction))
+        self.best = BestTracker.from_flags(cfg.keep_best, cfg.early_stop) if cfg.keep_best else None
+        if self.best is not None and task.eval_data is None:
+            raise ValueError(f"--keep-best {cfg.keep_best} needs evaluation data to measure it on")
+        self._best_at_checkpoint: int | None = None  # the best step the newest checkpoint refers to
+        self.stopped_early_at: int | None = None
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.skipped_steps = 0
         self.nonfinite_losses = 0  # micro-batches whose loss was inf/NaN (without fp16 scaling)
@@ -235,10 +233,15 @@ class Trainer:
                          "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                          "world_size": self.ctx.world_size, "skipped_steps": self.skipped_steps,
                          "train_time_s": self._train_time(),
+                         "best": self.best.state_dict() if self.best else None,
+                         "stopped_early_at": self.stopped_early_at,
                          "config": {k: v for k, v in vars(self.cfg).items() if k != "extra"}}
         path = save_checkpoint(self.out, self.step, self._app_state(), trainer_state, self.ctx, self.cfg.keep)
         if self.ctx.is_main:
             log.info("checkpoint %s", path)
+        if self.best is not None:
+            self._best_at_checkpoint = self.best.step
+            self._prune_best_files(keep={self.best.step})
         return path
 
     def load_checkpoint(self, path: Path) -> None:
@@ -256,6 +259,9 @@ class Trainer:
         self.step, self.epoch = trainer_state["step"], trainer_state["epoch"]
         self.skipped_steps = trainer_state.get("skipped_steps", 0)
         self.train_time = trainer_state.get("train_time_s", 0.0)  # checkpoints before it was kept: unknown
+        self.stopped_early_at = trainer_state.get("stopped_early_at")
+        if self.best is not None:
+            self._resume_best(trainer_state.get("best"), path)
         same_world = trainer_state["world_size"] == self.ctx.world_size
         # Another number of processes shards the data differently: restart the epoch's order.
         self.batch_in_epoch = trainer_state["batch_in_epoch"] if same_world else 0
@@ -276,6 +282,59 @@ class Trainer:
         for group, lr in zip(self.optimizer.param_groups, lrs):
             group["lr"] = lr
         s._last_lr = lrs
+
+    # ------------------------------------------------------------------ best weights (--keep-best)
+
+    def _resume_best(self, saved: dict | None, path: Path) -> None:
+        if saved is None:
+            raise ValueError(f"{path} was saved by a run without --keep-best; resume it without --keep-best "
+                             "(or start a new run with it)")
+        self.best.load_state_dict(saved)
+        self._best_at_checkpoint = self.best.step
+        if self.best.step is not None and not best_file(self.out, self.best.step).is_file():
+            raise FileNotFoundError(f"{path} says the best weights are {best_file(self.out, self.best.step)}, "
+                                    "which is missing; resume from the newest checkpoint of this run folder")
+        # files of steps after the checkpoint come from a run that went on and stopped; those steps run again
+        self._prune_best_files(keep={s for s in best_files(self.out) if s <= self.step})
+
+    def _prune_best_files(self, keep: set[int | None]) -> None:
+        if self.ctx.is_main:
+            for step, file in best_files(self.out).items():
+                if step not in keep:
+                    file.unlink(missing_ok=True)
+
+    def _keep_if_best(self, metrics: dict[str, Any]) -> None:
+        """After an evaluation: if it is the best so far, write its weights (collective under FSDP)."""
+        from safetensors.torch import save_file
+        from zoo._io import atomic_path
+        if not self.best.update(metrics, self.step):
+            return
+        state = self.final_state_dict()
+        if self.ctx.is_main:
+            with atomic_path(best_file(self.out, self.step)) as tmp:
+                save_file({k: v.contiguous() for k, v in state.items()}, str(tmp),
+                          metadata={"step": str(self.step), self.best.metric: repr(self.best.value)})
+            # the previous best stays while the newest checkpoint still names it
+            self._prune_best_files(keep={self.step, self._best_at_checkpoint})
+            log.info("best %s so far: %s at step %d", self.best.metric, self.best.value, self.step)
+        self.ctx.barrier()
+
+    def restore_best(self) -> None:
+        """Put the best evaluation's weights into the model (and the EMA, whose weights they are)."""
+        if self.best.step is None:  # no evaluation ran (a resumed run that was already finished has one)
+            return
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        self.ctx.barrier()
+        state = load_file(str(best_file(self.out, self.best.step)))
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+        if self.ema is not None:
+            with torch.no_grad():
+                for s, p in zip(self.ema.shadow, self.ema.params):
+                    s.copy_(p)
+        if self.ctx.is_main:
+            log.info("--keep-best: the final weights are step %d's (%s %s)", self.best.step, self.best.metric,
+                     self.best.value)
 
     @property
     def amp_name(self) -> str:
@@ -386,8 +445,9 @@ class Trainer:
         eval_every = cfg.eval_every or self.steps_per_epoch
         save_every = cfg.save_every or eval_every
         window_loss, window_n, window_samples, t0 = torch.zeros((), dtype=torch.float64), 0, 0, time.perf_counter()
+        norms: list[float] = []  # gradient norms (before clipping) of the window's steps
         self.model.train()
-        while self.step < self.total_steps:
+        while self.step < self.total_steps and self.stopped_early_at is None:
             self.sampler.set_epoch(self.epoch)
             self.loader_rng.manual_seed(cfg.seed * 100_003 + self.epoch * 1009 + ctx.rank)
             self.batches.skip = self.batch_in_epoch
@@ -408,7 +468,9 @@ class Trainer:
                 micro += 1
                 if not last_micro:
                     continue
-                self._optimizer_step()
+                norm = self._optimizer_step()
+                if norm is not None:
+                    norms.append(norm)
                 self.scheduler.step()
                 self.step += 1
                 self.batch_in_epoch += cfg.grad_accum
@@ -420,12 +482,22 @@ class Trainer:
                     lr = self.scheduler.get_last_lr()[0]
                     bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", samples_s=f"{rate:.1f}")
                     if metrics:
-                        metrics.log({"split": "train", "step": self.step, "epoch": self.epoch, "loss": mean_loss,
-                                     "lr": lr, "samples_per_s": rate, "skipped_steps": self.skipped_steps})
+                        record = {"split": "train", "step": self.step, "epoch": self.epoch, "loss": mean_loss,
+                                  "lr": lr, "samples_per_s": rate, "skipped_steps": self.skipped_steps}
+                        if norms:  # the same on every rank: computed on the all-reduced gradients
+                            record.update(grad_norm=sum(norms) / len(norms), grad_norm_max=max(norms))
+                        metrics.log(record)
                     window_loss, window_n, window_samples, t0 = torch.zeros((), dtype=torch.float64), 0, 0, time.perf_counter()
+                    norms = []
                 done = self.step == self.total_steps
                 if eval_every and (self.step % eval_every == 0 or done):
                     self._eval_and_log(metrics, bar)
+                    if self.best is not None and self.best.should_stop and not done:
+                        self.stopped_early_at, done = self.step, True
+                        if ctx.is_main:
+                            log.info("--early-stop: %d evaluations without a better %s (best %s at step %d); "
+                                     "stopping at step %d", self.best.evals_since_best, self.best.metric,
+                                     self.best.value, self.best.step, self.step)
                 stop = self._should_stop()
                 if (save_every and self.step % save_every == 0) or done or stop:
                     self.save_checkpoint()
@@ -461,6 +533,8 @@ class Trainer:
         if self.task.eval_data is None:
             return
         self.last_eval = self.evaluate()
+        if self.best is not None:
+            self._keep_if_best(self.last_eval)
         if self.ctx.is_main:
             bar.write(f"step {self.step} epoch {self.epoch}: {format_metrics(self.last_eval)}")
             if metrics:
@@ -515,6 +589,10 @@ class Trainer:
         extra.update(train_steps=self.step, world_size=self.ctx.world_size, eval_amp=self.amp_name,
                      train_time_s=round(self.train_time, 1), torch=torch.__version__,
                      skipped_steps=self.skipped_steps)
+        if self.best is not None:
+            extra.update(best_step=self.best.step, best_metric=self.best.metric)
+        if self.stopped_early_at is not None:
+            extra["stopped_early_at"] = self.stopped_early_at
         meta["extra"] = extra
         path = self.out / "model.safetensors"
         zoo.save(self.plain, path, meta, dtype=dtype, state_dict=state_dict)
@@ -529,8 +607,16 @@ class Trainer:
         self.sampler.set_epoch(0)
         batches = iter(self.train_loader)
         self.model.train()
+        self.out.mkdir(parents=True, exist_ok=True)
+        try:  # a TensorBoard trace (open with `tensorboard --logdir <out>/tb`) when tensorboard is installed
+            import tensorboard  # noqa: F401
+            from torch.profiler import tensorboard_trace_handler
+            on_trace_ready = tensorboard_trace_handler(str(self.out / "tb"))
+        except ImportError:
+            on_trace_ready = None
         with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=steps),
-                     record_shapes=True) as prof:
+                     record_shapes=True, profile_memory=True, with_stack=True,
+                     on_trace_ready=on_trace_ready) as prof:
             for _ in range(steps + 2):
                 batch = _to_device(next(batches), self.device)
                 with autocast(self.device, self.amp_dtype, force=True):
@@ -538,12 +624,18 @@ class Trainer:
                 self.scaler.scale(loss).backward()
                 self._optimizer_step()
                 prof.step()
-        self.out.mkdir(parents=True, exist_ok=True)
         trace = self.out / "trace.json"
         prof.export_chrome_trace(str(trace))
-        sort = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
-        table = prof.key_averages().table(sort_by=sort, row_limit=15)
-        return f"{table}\nChrome trace (open in chrome://tracing or Perfetto): {trace}"
+        device = "cuda" if self.device.type == "cuda" else "cpu"
+        averages = prof.key_averages()
+        time_table = averages.table(sort_by=f"self_{device}_time_total", row_limit=15)
+        memory_table = averages.table(sort_by=f"self_{device}_memory_usage", row_limit=10)
+        stacks = prof.key_averages(group_by_stack_n=5).table(sort_by=f"self_{device}_time_total", row_limit=5)
+        where = f"Chrome trace (open in chrome://tracing or Perfetto): {trace}"
+        if on_trace_ready is not None:
+            where += f"\nTensorBoard trace: tensorboard --logdir {self.out / 'tb'}"
+        return (f"time by operator\n{time_table}\nmemory allocated by operator\n{memory_table}\n"
+                f"time by call stack (5 frames)\n{stacks}\n{where}")
 
 
 def _batch_size(batch) -> int:
@@ -617,6 +709,9 @@ def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str
         if trainer.train_loader is None:
             raise ValueError("no training data: pass --data")
         metrics = trainer.fit()
+        if trainer.best is not None:  # ship the best evaluation's weights, measured again as stored
+            trainer.restore_best()
+            metrics = trainer.evaluate() if cfg.save_dtype == "fp32" else metrics
         if cfg.save_dtype != "fp32":
             # measure what is shipped: round the weights to the storage precision, then evaluate again
             trainer.round_weights()

@@ -1,0 +1,191 @@
+"""Trainer features beyond the loop itself: schedules, --keep-best / --early-stop, the logged gradient norm,
+--compile-mode and --profile."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from zoo.train import TrainConfig, Trainer
+from zoo.train.best import parse_metric
+from zoo.train.distributed import DistContext
+from zoo.train.schedules import lr_schedule
+
+from .test_train import TINY, corpus, run, tiny_task  # noqa: F401  (corpus is a fixture)
+
+CPU = DistContext("none", torch.device("cpu"))
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def test_schedules_warm_up_then_follow_their_shape():
+    warmup, total, floor = 10, 110, 0.1
+    cosine, linear, constant, wsd = (lr_schedule(n, warmup, total, floor, decay_fraction=0.2)
+                                     for n in ("cosine", "linear", "constant", "wsd"))
+    for f in (cosine, linear, constant, wsd):
+        assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)  # linear warm-up to the peak
+        assert f(10) == pytest.approx(1.0)
+    assert cosine(60) == pytest.approx(floor + (1 - floor) * 0.5)  # half way: half way down the cosine
+    assert linear(60) == pytest.approx(1 - (1 - floor) * 0.5)
+    assert cosine(110) == pytest.approx(floor) and linear(110) == pytest.approx(floor)
+    assert constant(60) == constant(110) == 1.0
+    # wsd: stable until the last 20% (22 steps of 110), then a straight line to the floor
+    assert wsd(87) == 1.0 and wsd(88) == 1.0
+    assert wsd(99) == pytest.approx(1 - (1 - floor) * 11 / 22)
+    assert wsd(110) == pytest.approx(floor)
+    with pytest.raises(ValueError, match="unknown schedule 'step'"):
+        lr_schedule("step", 1, 10, 0.1)
+
+
+def test_trainer_follows_the_chosen_schedule(tmp_path):
+    cfg = TrainConfig(steps=20, warmup=2, schedule="wsd", decay_fraction=0.5, min_lr_ratio=0.0, lr=0.1,
+                      out=str(tmp_path), workers=0, batch_size=8)
+    trainer = Trainer(cfg, tiny_task(), CPU)
+    rates = []
+    for _ in range(20):
+        rates.append(trainer.optimizer.param_groups[0]["lr"])
+        trainer.optimizer.step()  # no gradients: nothing changes, but the scheduler sees a step taken
+        trainer.scheduler.step()
+    assert rates[:2] == pytest.approx([0.05, 0.1]) and rates[2:10] == pytest.approx([0.1] * 8)
+    assert rates[10:] == pytest.approx([0.1 * (1 - i / 10) for i in range(10)])
+
+
+@pytest.mark.parametrize("flags,message", [
+    (dict(early_stop=3), "--early-stop needs --keep-best"),
+    (dict(keep_best="val_loss", early_stop=0), "--early-stop is a number of evaluations >= 1"),
+    (dict(keep_best="accuracy:up"), "the direction after ':' is min or max"),
+    (dict(decay_fraction=1.5), "--decay-fraction is a fraction"),
+    (dict(min_lr_ratio=2.0), "--min-lr-ratio is a fraction"),
+    (dict(schedule="step"), "--schedule must be one of cosine, linear, constant, wsd"),
+])
+def test_bad_schedule_and_keep_best_flags_are_refused(flags, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(steps=1, **flags)
+
+
+def test_metric_direction_follows_its_name():
+    assert parse_metric("val_loss") == ("val_loss", "min")
+    assert parse_metric("val_ppl") == ("val_ppl", "min")
+    assert parse_metric("accuracy") == ("accuracy", "max")
+    assert parse_metric("dice") == ("dice", "max")
+    assert parse_metric("judge_error:max") == ("judge_error", "max")
+
+
+def test_compile_mode_implies_compile():
+    assert TrainConfig(steps=1, compile_mode="max-autotune").compile is True
+    assert TrainConfig(steps=1).compile is False
+
+
+# ---------------------------------------------------------------- --keep-best / --early-stop
+
+
+def scripted_task(scores: dict[int, float]):
+    """tiny_task whose evaluation reports `scores[step]` as "score" (lower is worse unless named so)."""
+    task = tiny_task()
+    holder = {}
+    task.summarize = lambda sums: {"score": float(scores[holder["trainer"].step])}  # "crash": ValueError
+    return task, holder
+
+
+def trainer_for(tmp_path, scores, **flags):
+    torch.manual_seed(0)  # the same initial weights for every trainer of a test
+    task, holder = scripted_task(scores)
+    options = dict(warmup=1, schedule="constant", batch_size=8, workers=0, eval_every=2, out=str(tmp_path),
+                   keep=10, lr=0.05)
+    trainer = Trainer(TrainConfig(**{**options, **flags}), task, CPU)
+    holder["trainer"] = trainer
+    return trainer
+
+
+def params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_keep_best_ships_the_best_evaluation_and_early_stop_stops(tmp_path):
+    # the score rises to its best at step 4, then falls: with patience 2 the run stops at step 8 of 20
+    scores = {2: 0.5, 4: 0.9, 6: 0.8, 8: 0.7, 10: 0.95}
+    trainer = trainer_for(tmp_path / "run", scores, steps=20, keep_best="score", early_stop=2)
+    trainer.fit()
+    assert trainer.step == 8 and trainer.stopped_early_at == 8
+    assert (trainer.best.step, trainer.best.value) == (4, 0.9)
+    # the newest checkpoint (step 8) names the best file of step 4; the others are gone
+    assert sorted(p.name for p in (tmp_path / "run").glob("best-*")) == ["best-00000004.safetensors"]
+    trainer.restore_best()
+    # the same run trained for exactly 4 steps (constant schedule: the same trajectory) holds those weights
+    reference = trainer_for(tmp_path / "ref", scores, steps=4)
+    reference.fit()
+    for a, b in zip(params(trainer.plain), params(reference.plain)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_keep_best_resumes_exactly(tmp_path):
+    scores = {2: 0.3, 4: 0.6, 6: 0.5, 8: 0.9, 10: 0.4, 12: 0.2}
+    flags = dict(steps=12, keep_best="score", save_every=6)
+    full = trainer_for(tmp_path / "full", scores, **flags)
+    full.fit()
+    full.restore_best()
+    # the same run dies in its step-10 evaluation: its newest checkpoint is step 6's (best: step 4),
+    # and the best file of step 8 was written after it
+    crashing = trainer_for(tmp_path / "half", {**scores, 10: "crash"}, **flags)
+    with pytest.raises(ValueError):
+        crashing.fit()
+    half = tmp_path / "half"
+    assert sorted(p.name for p in half.glob("best-*")) == ["best-00000004.safetensors", "best-00000008.safetensors"]
+    resumed = trainer_for(half, scores, resume="auto", **flags)
+    resumed.load_checkpoint(half / "ckpt-00000006")
+    assert (resumed.best.step, resumed.best.value) == (4, 0.6)
+    assert not (half / "best-00000008.safetensors").exists(), "a best file newer than the checkpoint is stale"
+    resumed.fit()
+    resumed.restore_best()
+    assert resumed.best.step == full.best.step == 8
+    for a, b in zip(params(resumed.plain), params(full.plain)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_keep_best_with_ema_ships_the_ema_weights_of_the_best_step(tmp_path):
+    scores = {2: 0.9, 4: 0.1}
+    trainer = trainer_for(tmp_path, scores, steps=4, keep_best="score", ema=0.9)
+    trainer.fit()
+    with safe_open(str(tmp_path / "best-00000002.safetensors"), "pt") as f:
+        kept = {k: f.get_tensor(k) for k in f.keys()}
+    trainer.restore_best()
+    with trainer.ema.swapped():  # evaluation and the saved file use the EMA weights: they must be step 2's
+        for name, p in trainer.plain.named_parameters():
+            torch.testing.assert_close(p.detach(), kept[name], rtol=0, atol=0)
+
+
+def test_keep_best_refuses_a_metric_the_evaluation_lacks(tmp_path):
+    trainer = trainer_for(tmp_path, {2: 0.5}, steps=2, keep_best="accuracy")
+    with pytest.raises(ValueError, match="no such metric; it reports score"):
+        trainer.fit()
+
+
+def test_keep_best_through_a_train_script(corpus, tmp_path):  # noqa: F811
+    out = tmp_path / "lm"
+    result = run([*TINY, "--data", corpus, "--steps", "12", "--eval-every", "4", "--keep-best", "val_loss",
+                  "--schedule", "linear", "--save-dtype", "fp16", "--out", str(out)])
+    assert "--keep-best: the final weights are step" in result.stderr
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        meta = json.loads(f.metadata()["zoo"])
+    evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == "eval"]
+    best = min(evals, key=lambda r: r["val_loss"])
+    assert meta["extra"]["best_step"] == best["step"] and meta["extra"]["best_metric"] == "val_loss"
+    # the final metric is the best weights', measured again after rounding to fp16
+    assert meta["metrics"]["val_loss"] == pytest.approx(best["val_loss"], abs=2e-3)
+    train = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"]
+    assert all(r["grad_norm"] > 0 and r["grad_norm_max"] >= r["grad_norm"] for r in train)
+
+
+def test_early_stop_without_keep_best_is_one_clear_line(corpus):  # noqa: F811
+    result = run([*TINY, "--data", corpus, "--steps", "4", "--early-stop", "2"], check=False)
+    assert result.returncode == 2
+    assert "--early-stop needs --keep-best" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_profile_reports_time_memory_and_stacks(corpus, tmp_path):  # noqa: F811
+    result = run([*TINY, "--data", corpus, "--steps", "4", "--profile", "--out", str(tmp_path)])
+    assert "memory allocated by operator" in result.stdout and "time by call stack" in result.stdout
+    assert (tmp_path / "trace.json").is_file()
