@@ -189,3 +189,63 @@ def test_profile_reports_time_memory_and_stacks(corpus, tmp_path):  # noqa: F811
     result = run([*TINY, "--data", corpus, "--steps", "4", "--profile", "--out", str(tmp_path)])
     assert "memory allocated by operator" in result.stdout and "time by call stack" in result.stdout
     assert (tmp_path / "trace.json").is_file()
+
+
+# ---------------------------------------------------------------- --teacher (distillation)
+
+
+def test_soft_target_loss_is_temperature_scaled_kl():
+    from zoo.train.distill import soft_target_loss
+    g = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(4, 7, 5, generator=g, requires_grad=True), torch.randn(4, 7, 5, generator=g)
+    T = 3.0
+    p = torch.softmax(teacher / T, -1)
+    expected = (p * (p.log() - torch.log_softmax(student / T, -1))).sum(-1).mean() * T * T
+    torch.testing.assert_close(soft_target_loss(student, teacher, T, class_dim=-1), expected)
+    # the class dimension may sit elsewhere, e.g. (B, C, D) for segmentation
+    torch.testing.assert_close(soft_target_loss(student.transpose(1, 2), teacher.transpose(1, 2), T, class_dim=1),
+                               expected)
+    assert soft_target_loss(teacher, teacher, T, -1).abs() < 1e-6
+
+
+def test_teacher_is_refused_where_the_task_has_no_logits(tmp_path):
+    with pytest.raises(ValueError, match="no class logits to distill"):
+        Trainer(TrainConfig(steps=1, teacher="default", out=str(tmp_path), workers=0), tiny_task(), CPU)
+
+
+def test_distillation_pulls_the_student_towards_the_teacher(corpus, tmp_path):  # noqa: F811
+    import hashlib
+
+    import zoo
+    teacher = tmp_path / "teacher"
+    run([*TINY, "--data", corpus, "--steps", "30", "--eval-every", "30", "--out", str(teacher)])
+    teacher_file = teacher / "model.safetensors"
+    common = [*TINY, "--data", corpus, "--steps", "30", "--eval-every", "30", "--seed", "1", "--lr", "1e-2"]
+    run([*common, "--out", str(tmp_path / "plain")])
+    run([*common, "--out", str(tmp_path / "distilled"), "--teacher", str(teacher_file), "--distill-alpha", "1",
+         "--distill-temperature", "1"])
+
+    t = zoo.load("transformer_lm", pretrained=str(teacher_file)).eval()
+    ids = torch.randint(0, t.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))
+
+    def kl_to_teacher(name):
+        s = zoo.load("transformer_lm", pretrained=str(tmp_path / name / "model.safetensors")).eval()
+        with torch.no_grad():
+            return torch.nn.functional.kl_div(s(ids).log_softmax(-1), t(ids).log_softmax(-1), log_target=True,
+                                              reduction="batchmean").item()
+    # alpha 1: the student fits the teacher's distributions, not the data: far closer than a plain student
+    assert kl_to_teacher("distilled") < 0.5 * kl_to_teacher("plain")
+    with safe_open(str(tmp_path / "distilled" / "model.safetensors"), "pt") as f:
+        recorded = json.loads(f.metadata()["zoo"])["extra"]["teacher"]
+    assert recorded["sha256"] == hashlib.sha256(teacher_file.read_bytes()).hexdigest()
+    assert (recorded["alpha"], recorded["temperature"]) == (1.0, 1.0)
+
+
+def test_a_teacher_of_another_task_is_refused(corpus, tmp_path):  # noqa: F811
+    other = tmp_path / "other.txt"
+    other.write_text("abcdefghijklmnopqrstuvwxyz0123456789 " * 20)  # another vocabulary: other logits
+    run([*TINY, "--data", str(other), "--steps", "2", "--out", str(tmp_path / "t")])
+    result = run([*TINY, "--data", corpus, "--steps", "2", "--out", str(tmp_path / "s"),
+                  "--teacher", str(tmp_path / "t" / "model.safetensors")], check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "the teacher must be of the same task" in result.stderr

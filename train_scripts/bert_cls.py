@@ -116,6 +116,7 @@ def build_task(cfg) -> Task:
                 "confusion": s["confusion"].tolist()}
 
     return Task(
+        class_dim=-1,  # logits over the last dimension: --teacher can distil into it
         name="bert_cls", model=model, train_data=train_data, eval_data=eval_data,
         loss=loss, eval_step=eval_step, summarize=summarize, collate=collate,
         batch_sampler=(lambda sampler, bs: LengthGroupedBatches(sampler, [len(x) for x in train_data.ids], bs,

@@ -107,6 +107,7 @@ def build_task(cfg) -> Task:
     if eval_data is not None:
         eval_data.transform = tensor_eval_transform(size, small=crop_as_small, mean=mean, std=std, resize=resize)
     return Task(
+        class_dim=-1,  # logits over the last dimension: --teacher can distil into it
         name="effnetv2_cls", model=model,
         train_data=train_data if not cfg.eval_only else None,
         eval_data=eval_data,

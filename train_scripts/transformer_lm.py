@@ -69,6 +69,7 @@ def build_task(cfg) -> Task:
             (out / "sample.txt").write_text(tokenizer.decode(sample[0].tolist()))
 
     return Task(
+        class_dim=-1,  # logits over the last dimension: --teacher can distil into it
         name="transformer_lm", model=model,
         train_data=BlockDataset(train_ids, context) if not cfg.eval_only else None,
         eval_data=StridedBlocks(val_ids, context),

@@ -51,6 +51,10 @@ class TrainConfig:
     overwrite: bool = _flag(False, "start over in an --out that holds a run: delete its checkpoints, weights "
                                    "and metrics first")
     pretrained: str | None = _flag(None, "TAG | PATH | hf://owner/repo to start from")
+    teacher: str | None = _flag(None, "distil from these weights of the same task (TAG | PATH | hf://...)",
+                                metavar="SPEC")
+    distill_alpha: float = _flag(0.5, "--teacher: weight of the soft-target loss (1 - it: the task's loss)")
+    distill_temperature: float = _flag(2.0, "--teacher: softmax temperature of teacher and student outputs")
     num_classes: int | None = _flag(None, "classes of a new task head")
     seed: int = _flag(0, "seed of weights, data order and augmentation")
     deterministic: bool = _flag(False, "deterministic kernels, so CUDA runs and resumes repeat bit for bit (slower)")
@@ -103,6 +107,10 @@ class TrainConfig:
             raise ValueError(f"--min-lr-ratio is a fraction of --lr in [0, 1], got {self.min_lr_ratio}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0 steps, got {self.warmup}")
+        if not 0.0 <= self.distill_alpha <= 1.0:
+            raise ValueError(f"--distill-alpha is a weight in [0, 1], got {self.distill_alpha}")
+        if self.distill_temperature <= 0:
+            raise ValueError(f"--distill-temperature must be > 0, got {self.distill_temperature}")
         if self.keep_best is not None:
             from zoo.train.best import parse_metric
             parse_metric(self.keep_best)

@@ -35,6 +35,7 @@ from zoo.accel.amp import autocast, grad_scaler, resolve_dtype
 from zoo.accel.compile import compile as zoo_compile
 from zoo.models.base import ZooModel
 from zoo.train.best import BestTracker, best_file, best_files
+from zoo.train.distill import Distillation
 from zoo.train.checkpoint import claim_run_folder, find_checkpoint, load_checkpoint, save_checkpoint
 from zoo.train.config import TrainConfig
 from zoo.train.distributed import DistContext, fingerprint, init_distributed
@@ -71,6 +72,9 @@ class Task:
     # expensive metrics measured once on the final weights (and by --eval-only), e.g. sample quality;
     # runs on every rank with the EMA weights in place, returns metrics merged into the saved ones
     final_eval: Callable[[nn.Module], dict[str, Any]] | None = None
+    # the dimension of the model's output that holds the class logits (-1: (B, C) or (B, T, V); 1: (B, C, D, H, W));
+    # None when the output is not logits: then --teacher (distillation) is refused
+    class_dim: int | None = None
 
 
 def seed_everything(seed: int) -> None:
@@ -151,6 +155,11 @@ class Trainer:
         self.amp_dtype = resolve_dtype(self.device, cfg.amp if cfg.amp != "off" else "fp32")
         self.scaler = grad_scaler(self.device, self.amp_dtype, force=True)
         self.ema = EMA(self.plain, cfg.ema) if cfg.ema else None
+        # the loss of a training step: the task's own, or with --teacher the task's mixed with soft targets
+        self.distillation = (Distillation(task.name, task.loss, task.class_dim, self.plain, cfg.teacher,
+                                          cfg.distill_alpha, cfg.distill_temperature, self.device)
+                             if cfg.teacher else None)
+        self.step_loss = self.distillation.loss if self.distillation else task.loss
         self.workers = cfg.workers if cfg.workers is not None else default_workers(ctx.world_size)
         self.train_loader = self._train_loader() if task.train_data is not None else None
         self.steps_per_epoch = (len(self.train_loader.batch_sampler) // cfg.grad_accum) if self.train_loader else 0
@@ -457,7 +466,7 @@ class Trainer:
                 last_micro = (micro + 1) % cfg.grad_accum == 0
                 with ctx.no_sync(self.model) if not last_micro else contextlib.nullcontext():
                     with autocast(self.device, self.amp_dtype, force=True):
-                        loss = self.task.loss(self.model, batch)
+                        loss = self.step_loss(self.model, batch)
                     if not self.scaler.is_enabled() and not torch.isfinite(loss.detach()):
                         self.nonfinite_losses += 1
                         if self.nonfinite_losses == 1:  # once; fit() reports the count at the end
@@ -593,6 +602,10 @@ class Trainer:
             extra.update(best_step=self.best.step, best_metric=self.best.metric)
         if self.stopped_early_at is not None:
             extra["stopped_early_at"] = self.stopped_early_at
+        if self.distillation is not None:
+            source = self.distillation.teacher.pretrained_source or {}
+            extra["teacher"] = {"spec": self.cfg.teacher, "sha256": source.get("sha256"),
+                                "alpha": self.cfg.distill_alpha, "temperature": self.cfg.distill_temperature}
         meta["extra"] = extra
         path = self.out / "model.safetensors"
         zoo.save(self.plain, path, meta, dtype=dtype, state_dict=state_dict)
@@ -620,7 +633,7 @@ class Trainer:
             for _ in range(steps + 2):
                 batch = _to_device(next(batches), self.device)
                 with autocast(self.device, self.amp_dtype, force=True):
-                    loss = self.task.loss(self.model, batch)
+                    loss = self.step_loss(self.model, batch)
                 self.scaler.scale(loss).backward()
                 self._optimizer_step()
                 prof.step()
