@@ -192,9 +192,15 @@ def test_what_does_not_fit_is_an_error_naming_the_keys(tmp_path):
     assert "BertModel and every BertFor* class" in message  # what would load instead
     # a checkpoint of another model type says what loads
     config = json.loads((tmp_path / "config.json").read_text())
+    config["model_type"] = "albert"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="model_type 'bert', 'roberta', 'xlm-roberta', 'distilbert'\\) load"):
+        zoo.load("bert_cls", pretrained=tmp_path)
+    # BERT's keys under another supported model_type: the error says whose keys they are
     config["model_type"] = "roberta"
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="model_type 'bert' load"):
+    with pytest.raises(ValueError, match=r"keys are a Bert checkpoint's \(bert\.\*\): is config.json's model_type "
+                                         "'roberta' right"):
         zoo.load("bert_cls", pretrained=tmp_path)
 
 

@@ -11,6 +11,7 @@ given in that order.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 
@@ -35,10 +36,10 @@ class Encoded(torch.utils.data.Dataset):
         return self.ids[i], self.labels[i]
 
 
-def collate(batch):
-    """Dynamic padding: each batch is as long as its longest example."""
+def collate(batch, pad: int = 0):
+    """Dynamic padding with the model's pad token: each batch is as long as its longest example."""
     length = max(len(ids) for ids, _ in batch)
-    input_ids = torch.zeros(len(batch), length, dtype=torch.long)
+    input_ids = torch.full((len(batch), length), pad, dtype=torch.long)
     mask = torch.zeros(len(batch), length, dtype=torch.long)
     for row, (ids, _) in enumerate(batch):
         input_ids[row, :len(ids)] = torch.tensor(ids)
@@ -82,7 +83,7 @@ def build_task(cfg) -> Task:
                          **({"num_classes": cfg.num_classes} if cfg.num_classes else {}))
         if cfg.eval_only and model.pretrained_meta and model.pretrained_meta.labels:
             names = model.pretrained_meta.labels
-    max_length = min(a["max_length"], model.config.max_positions)
+    max_length = min(a["max_length"], model.config.max_length)  # RoBERTa: 2 position rows fewer
 
     def encode(texts_labels):
         texts, labels = texts_labels
@@ -118,7 +119,8 @@ def build_task(cfg) -> Task:
     return Task(
         class_dim=-1,  # logits over the last dimension: --teacher can distil into it
         name="bert_cls", model=model, train_data=train_data, eval_data=eval_data,
-        loss=loss, eval_step=eval_step, summarize=summarize, collate=collate,
+        loss=loss, eval_step=eval_step, summarize=summarize,
+        collate=functools.partial(collate, pad=model.config.pad_token_id),
         batch_sampler=(lambda sampler, bs: LengthGroupedBatches(sampler, [len(x) for x in train_data.ids], bs,
                                                                  seed=cfg.seed)) if train_data else None,
         param_groups=lambda m, c: layerwise_param_groups(m, c.lr, c.weight_decay, a["layer_decay"]),

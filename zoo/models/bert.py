@@ -1,9 +1,13 @@
-"""bert_cls: a BERT-family text classifier that loads real Hugging Face BERT checkpoints.
+"""bert_cls: a BERT-family text classifier that loads real Hugging Face BERT, RoBERTa and DistilBERT checkpoints.
 
 The encoder is BERT as published (post-norm layers, learned absolute positions, token types, tanh
-pooler) on the package's one attention function; `convert_foreign` maps any Hugging Face BERT
-checkpoint (BertModel or any BertFor* layout, other task heads dropped) key by key with a shape check on each,
-and `to_hf_state_dict` maps back. Tokenisation uses the checkpoint's own fast tokenizer.
+pooler) on the package's one attention function. `arch` makes it one of BERT's two most used relatives
+with the same modules: RoBERTa (positions counted over non-pad tokens from `pad_token_id + 1`, one token
+type, RobertaClassificationHead = dropout, dense, tanh, dropout, out_proj on <s>) and DistilBERT (no token
+types, no pooler: its classifier pre_classifier + ReLU + classifier sits where BERT's pooler + head do).
+`convert_foreign` maps any Hugging Face checkpoint of the three (the base model or any *For* layout,
+other task heads dropped) key by key with a shape check on each, and `to_hf_state_dict` / `to_hf_config`
+map back. Tokenisation uses the checkpoint's own fast tokenizer.
 """
 from __future__ import annotations
 
@@ -22,13 +26,13 @@ from torch import Tensor, nn
 from zoo.blocks.attention import MultiHeadAttention
 from zoo.blocks.layers import Dropout
 from zoo.data.tokenizers import load_tokenizer, minilm_folder, tokenizer_spec
-from zoo.models.base import ZooModel
+from zoo.models.base import ZooModel, unwrap
 from zoo.registry import register_model
 from zoo.weights.loading import key_problems
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BertConfig", "BertEncoder", "BertClassifier", "minilm_folder", "to_hf_state_dict"]
+__all__ = ["BertConfig", "BertEncoder", "BertClassifier", "minilm_folder", "to_hf_state_dict", "to_hf_config"]
 
 # name -> (hidden, layers, heads, intermediate); vocab, positions and token types are BERT's
 PRESETS = {
@@ -36,6 +40,8 @@ PRESETS = {
     "bert-base": (768, 12, 12, 3072),
     "bert-large": (1024, 24, 16, 4096),
 }
+# arch -> (type_vocab_size, pad_token_id) when the config leaves them as None: each architecture's own
+ARCH_DEFAULTS = {"bert": (2, 0), "roberta": (1, 1), "distilbert": (0, 0)}
 
 
 @dataclass(frozen=True)
@@ -45,9 +51,12 @@ class BertConfig:
     layers: int | None = None
     heads: int | None = None
     intermediate: int | None = None
+    arch: Literal["bert", "roberta", "distilbert"] = "bert"  # the same encoder with RoBERTa's positions and
+    # head, or DistilBERT's (no token types, ReLU pre-classifier for the pooler); see the module docstring
     vocab_size: int = 30522
-    max_positions: int = 512
-    type_vocab_size: int = 2
+    max_positions: int = 512  # rows of the position table; RoBERTa's first pad_token_id + 1 are never real tokens
+    type_vocab_size: int | None = None  # None: the arch's (BERT 2, RoBERTa 1, DistilBERT 0 = no token types)
+    pad_token_id: int | None = None  # None: the arch's (RoBERTa 1, else 0); RoBERTa's positions start after it
     layer_norm_eps: float = 1e-12
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -60,36 +69,69 @@ class BertConfig:
     def __post_init__(self):
         if self.variant not in PRESETS:
             raise ValueError(f"unknown BERT variant {self.variant!r}; choose {', '.join(PRESETS)}")
-        for name, value in zip(("hidden", "layers", "heads", "intermediate"), PRESETS[self.variant]):
+        if self.arch not in ARCH_DEFAULTS:
+            raise ValueError(f"unknown arch {self.arch!r}; choose {', '.join(ARCH_DEFAULTS)}")
+        fill = {**dict(zip(("hidden", "layers", "heads", "intermediate"), PRESETS[self.variant])),
+                **dict(zip(("type_vocab_size", "pad_token_id"), ARCH_DEFAULTS[self.arch]))}
+        for name, value in fill.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)  # frozen: fill the preset once, at construction
+        if self.arch == "distilbert" and self.type_vocab_size:
+            raise ValueError(f"DistilBERT has no token types; type_vocab_size must be 0, got {self.type_vocab_size}")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"pad_token_id {self.pad_token_id} is not in the vocabulary of {self.vocab_size}")
         if self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
         if self.pooling not in ("cls", "mean") or self.problem not in ("single_label", "multi_label"):
             raise ValueError("pooling must be cls|mean and problem single_label|multi_label")
         if self.num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
+        if self.max_length < 1:
+            raise ValueError(f"max_positions {self.max_positions} leaves no position for a token")
+
+    @property
+    def position_offset(self) -> int:
+        """Index of the first real token's position: RoBERTa's pad_token_id + 1 (the rows before are the
+        padding's), else 0."""
+        return self.pad_token_id + 1 if self.arch == "roberta" else 0
+
+    @property
+    def max_length(self) -> int:
+        """The longest input, in tokens, the position table covers."""
+        return self.max_positions - self.position_offset
 
 
 class BertEmbeddings(nn.Module):
     def __init__(self, c: BertConfig):
         super().__init__()
-        self.word = nn.Embedding(c.vocab_size, c.hidden, padding_idx=0)
-        self.position = nn.Embedding(c.max_positions, c.hidden)
-        self.token_type = nn.Embedding(c.type_vocab_size, c.hidden)
+        self.pad, self.max_length = c.pad_token_id, c.max_length
+        self.count_positions = c.arch == "roberta"
+        self.word = nn.Embedding(c.vocab_size, c.hidden, padding_idx=c.pad_token_id)
+        self.position = nn.Embedding(c.max_positions, c.hidden, padding_idx=c.pad_token_id if
+                                     self.count_positions else None)
+        # DistilBERT has no token types (token_type_ids given to it are ignored)
+        self.token_type = nn.Embedding(c.type_vocab_size, c.hidden) if c.type_vocab_size else None
         self.norm = nn.LayerNorm(c.hidden, eps=c.layer_norm_eps)
         self.dropout = Dropout(c.hidden_dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
         T = input_ids.shape[1]
-        if T > self.position.num_embeddings:
-            raise ValueError(f"sequence of {T} tokens is longer than the model's {self.position.num_embeddings} "
+        if T > self.max_length:
+            raise ValueError(f"sequence of {T} tokens is longer than the model's {self.max_length} "
                              "positions; truncate the input")
+        if self.count_positions:
+            # RoBERTa (transformers' create_position_ids_from_input_ids): real tokens count up from pad + 1,
+            # pad tokens sit at pad, wherever they are in the row
+            real = input_ids.ne(self.pad).long()
+            positions = torch.cumsum(real, dim=1) * real + self.pad
+        else:
+            positions = torch.arange(T, device=input_ids.device)
         # lookups through the modules, not slices of .weight, so int8-quantized embeddings work too
-        x = self.word(input_ids) + self.position(torch.arange(T, device=input_ids.device))  # (B, T, C)
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
-        x = x + self.token_type(token_type_ids)
+        x = self.word(input_ids) + self.position(positions)  # (B, T, C)
+        if self.token_type is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(input_ids)
+            x = x + self.token_type(token_type_ids)
         return self.dropout(self.norm(x))
 
 
@@ -111,13 +153,18 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    """BERT: embeddings, encoder layers, pooler. Returns (last hidden state (B, T, C), pooled (B, C))."""
+    """BERT: embeddings, encoder layers, pooler. Returns (last hidden state (B, T, C), pooled (B, C)).
+
+    The pooler is act(dense(x[:, 0])): BERT's and RoBERTa's tanh pooler (RoBERTa's classification head
+    has its dense + tanh, with a dropout before), DistilBERT's pre_classifier + ReLU."""
 
     def __init__(self, c: BertConfig):
         super().__init__()
         self.embeddings = BertEmbeddings(c)
         self.layers = nn.ModuleList(BertLayer(c) for _ in range(c.layers))
+        self.pool_dropout = Dropout(c.classifier_dropout) if c.arch == "roberta" else nn.Identity()
         self.pooler = nn.Linear(c.hidden, c.hidden)
+        self.pool_act = nn.ReLU() if c.arch == "distilbert" else nn.Tanh()
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -125,11 +172,11 @@ class BertEncoder(nn.Module):
         mask = attention_mask.bool() if attention_mask is not None else None
         for layer in self.layers:
             x = layer(x, mask)
-        return x, torch.tanh(self.pooler(x[:, 0]))
+        return x, self.pool_act(self.pooler(self.pool_dropout(x[:, 0])))
 
 
 @register_model("bert_cls", config=BertConfig, weights={"sst2": "bert_cls.sst2.safetensors"}, default="sst2",
-                description="BERT-family text classifier (loads Hugging Face BERT checkpoints)")
+                description="BERT-family text classifier (loads Hugging Face BERT, RoBERTa and DistilBERT checkpoints)")
 class BertClassifier(ZooModel):
     """BERT encoder + pooling + classification head."""
     head_prefixes = ("head.",)
@@ -192,14 +239,16 @@ class BertClassifier(ZooModel):
 
     @classmethod
     def convert_foreign(cls, state_dict: dict[str, Tensor], folder: Path | None) -> tuple[dict, dict | None]:
-        """A Hugging Face BERT state dict (+ its config.json) -> (zoo state dict, zoo config dict).
+        """A Hugging Face BERT, RoBERTa or DistilBERT state dict (+ its config.json) -> (zoo state dict, zoo
+        config dict); config.json's `model_type` picks the architecture.
 
-        Every layout transformers writes for BERT loads: BertModel (no `bert.` prefix) and the BertFor*
-        task models. The encoder is mapped key by key; a sequence classifier becomes the head; other task
-        heads (masked-LM / next-sentence `cls.`, span `qa_outputs.`, a token or multiple-choice
-        `classifier.`) are dropped with one log line; a missing pooler (BertForMaskedLM,
-        ...ForTokenClassification, ...ForQuestionAnswering have none) is initialised with a warning.
-        zoo's own keys without metadata (e.g. `torch.save(model.state_dict())`) pass through.
+        Every layout transformers writes for the three loads: the base model (BertModel, RobertaModel,
+        DistilBertModel: no prefix) and the *For* task models. The encoder is mapped key by key; a sequence
+        classifier becomes the pooler + head (BERT's classifier; RoBERTa's classifier.dense + out_proj;
+        DistilBERT's pre_classifier + classifier); other task heads (masked-LM, next-sentence, spans, a
+        token or multiple-choice classifier) are dropped with one log line; a missing pooler (e.g.
+        BertForMaskedLM, RobertaForMaskedLM, any DistilBERT but the sequence classifier) is initialised
+        with a warning. zoo's own keys without metadata (e.g. `torch.save(model.state_dict())`) pass through.
         """
         if "bert.embeddings.word.weight" in state_dict:
             head = state_dict.get("head.weight")
@@ -209,55 +258,69 @@ class BertClassifier(ZooModel):
             raise ValueError("a Hugging Face BERT checkpoint needs its config.json beside the weights "
                              f"(none in {folder}); `BertConfig(...).save_pretrained(folder)` writes one")
         hf = json.loads(config_file.read_text())
-        if hf.get("model_type", "bert") != "bert" or hf.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"{config_file}: only BERT with absolute positions is supported (model_type="
-                             f"{hf.get('model_type')!r}, position_embedding_type={hf.get('position_embedding_type')!r});"
-                             " checkpoints of any transformers Bert* class with model_type 'bert' load")
-        if hf.get("hidden_act", "gelu") != "gelu":
-            raise ValueError(f"{config_file}: hidden_act {hf['hidden_act']!r} is not supported (BERT uses gelu)")
-        config = {"hidden": hf["hidden_size"], "layers": hf["num_hidden_layers"], "heads": hf["num_attention_heads"],
-                  "intermediate": hf["intermediate_size"], "vocab_size": hf["vocab_size"],
-                  "max_positions": hf["max_position_embeddings"], "type_vocab_size": hf["type_vocab_size"],
-                  "layer_norm_eps": hf.get("layer_norm_eps", 1e-12),
-                  "hidden_dropout": hf.get("hidden_dropout_prob", 0.1),
-                  "attention_dropout": hf.get("attention_probs_dropout_prob", 0.1),
-                  "tokenizer": tokenizer_spec(folder)}
+        arch = _HF_MODEL_TYPES.get(hf.get("model_type", "bert"))
+        if arch is None or hf.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"{config_file}: only BERT, RoBERTa and DistilBERT with absolute positions are "
+                             f"supported (model_type={hf.get('model_type')!r}, position_embedding_type="
+                             f"{hf.get('position_embedding_type')!r}); checkpoints of any transformers Bert*, "
+                             "Roberta* or DistilBert* class (model_type " + ", ".join(map(repr, _HF_MODEL_TYPES))
+                             + ") load")
+        layout = _HF_LAYOUTS[arch]
+        act_field = "activation" if arch == "distilbert" else "hidden_act"
+        if hf.get(act_field, "gelu") != "gelu":
+            raise ValueError(f"{config_file}: {act_field} {hf[act_field]!r} is not supported (bert_cls's "
+                             f"{layout.name} uses gelu)")
+        config = _zoo_config(arch, hf)
+        config["tokenizer"] = tokenizer_spec(folder)
         config["variant"] = next((name for name, sizes in PRESETS.items() if sizes == (
             config["hidden"], config["layers"], config["heads"], config["intermediate"])), "bert-base")
         architecture = (hf.get("architectures") or [None])[0]
-        prefix = "bert." if any(k.startswith("bert.") for k in state_dict) else ""
+        prefix = layout.prefix if any(k.startswith(layout.prefix) for k in state_dict) else ""
 
         # the task heads: a sequence classifier is ours; the rest is dropped
-        classifier = [k for k in ("classifier.weight", "classifier.bias") if k in state_dict]
-        dropped = sorted(k for k in state_dict if k.startswith(_HF_OTHER_HEADS))
-        if classifier and architecture in _HF_OTHER_CLASSIFIERS:
-            dropped, classifier = sorted(dropped + classifier), []
+        head_keys = [f"{layout.seq_head}.{kind}" for kind in ("weight", "bias")]
+        head = [k for k in head_keys if k in state_dict]
+        dropped = [k for k in state_dict if k.startswith(layout.other_heads)]
+        if architecture and architecture.endswith(("ForTokenClassification", "ForMultipleChoice")):
+            # its classifier scores tokens or choices, not sequences
+            roots = tuple(f"{name.split('.')[0]}." for name in (layout.seq_head, layout.seq_pooler) if name)
+            dropped += [k for k in state_dict if k.startswith(roots)]
+            head = []
+        if head and len(head) != 2:
+            raise ValueError(f"{folder}: the classifier has only {head[0]}; a sequence classifier needs "
+                             f"{' and '.join(head_keys)}")
 
         mapped, taken = {}, set()
-        for ours, theirs in _hf_key_map(config["layers"]).items():
-            kind = ours.rsplit(".", 1)[1]
-            names = [f"{prefix}{t}.{kind}" for t in theirs] if isinstance(theirs, tuple) else [f"{prefix}{theirs}"]
-            if all(n in state_dict for n in names):
-                mapped[ours] = torch.cat([state_dict[n] for n in names], 0) if len(names) > 1 else state_dict[names[0]]
-                taken.update(names)
-        pooler = [f"{prefix}pooler.dense.{kind}" for kind in ("weight", "bias")]
-        missing = sorted(_hf_used_keys(config["layers"], prefix) - taken - set(pooler))
+        sources = {**_hf_encoder_keys(config["layers"], arch, prefix), **_hf_pooler_keys(layout, prefix, bool(head))}
+        for ours, theirs in sources.items():
+            if all(n in state_dict for n in theirs):
+                parts = [state_dict[n] for n in theirs]  # one key, or q, k and v to fuse
+                mapped[ours] = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
+                taken.update(theirs)
+        if head:
+            mapped["head.weight"], mapped["head.bias"] = (state_dict[k] for k in head_keys)
+            taken.update(head_keys)
+            config["num_classes"] = state_dict[head_keys[0]].shape[0]
+            if layout.seq_pooler and prefix and layout.pooler:  # a base pooler beside the classifier's own
+                dropped += [k for k in state_dict if k.startswith(f"{prefix}{layout.pooler}.")]
+        pooler = {n for ours in ("bert.pooler.weight", "bert.pooler.bias") for n in sources.get(ours, ())}
+        # a sequence classifier's dense layer is part of it; the base models' poolers may be absent
+        needed = {n for ns in sources.values() for n in ns} - (set() if head and layout.seq_pooler else pooler)
+        missing = sorted(needed - taken)
         ignored = {f"{prefix}embeddings.position_ids", f"{prefix}embeddings.token_type_ids"}  # buffers, not weights
-        unexpected = sorted(set(state_dict) - taken - ignored - set(dropped) - set(classifier))
+        unexpected = sorted(set(state_dict) - taken - ignored - set(dropped))
         if missing or unexpected:
             problems = key_problems(missing=missing, unexpected=unexpected)
-            raise ValueError(f"{folder}: not a BERT checkpoint bert_cls can load ({problems}). It loads "
-                             "the state dicts of BertModel and every BertFor* class of transformers, with or without "
-                             "the `bert.` prefix, and zoo's own keys")
-        if classifier:
-            if len(classifier) != 2:
-                raise ValueError(f"{folder}: the classifier has only {classifier[0]}; a sequence classifier needs "
-                                 "classifier.weight and classifier.bias")
-            mapped["head.weight"], mapped["head.bias"] = state_dict["classifier.weight"], state_dict["classifier.bias"]
-            config["num_classes"] = state_dict["classifier.weight"].shape[0]
+            other = next((f" The keys are a {o.name} checkpoint's ({o.prefix}*): is config.json's model_type "
+                          f"{hf.get('model_type')!r} right?" for a, o in _HF_LAYOUTS.items()
+                          if a != arch and any(k.startswith(o.prefix) for k in unexpected)), "")
+            raise ValueError(f"{folder}: not a {layout.name} checkpoint bert_cls can load ({problems}).{other} "
+                             f"It loads the state dicts of {layout.name}Model and every {layout.name}For* class of "
+                             f"transformers, with or without the `{layout.prefix}` prefix (likewise Bert*, Roberta* "
+                             "and DistilBert* with their config.json's model_type), and zoo's own keys")
         if dropped:
             log.info("%s: %s heads that are not a sequence classifier dropped: %s", folder,
-                     architecture or "transformers", ", ".join(dropped))
+                     architecture or "transformers", ", ".join(sorted(dropped)))
         if "bert.pooler.weight" not in mapped:
             # BERT's pooler init, N(0, 0.02) and zero bias; it trains with the head
             mapped["bert.pooler.weight"] = torch.randn(config["hidden"], config["hidden"]) * 0.02
@@ -284,7 +347,7 @@ class BertClassifier(ZooModel):
                 raise TypeError(f"text {i} is a {type(t).__name__}, not a str")
             if not t.strip():
                 raise ValueError(f"text {i} is empty; give some words to classify")
-        limit = min(max_length or self.config.max_positions, self.config.max_positions)
+        limit = min(max_length or self.config.max_length, self.config.max_length)
         full = self.tokenizer(list(texts), truncation=False)["input_ids"]
         too_long = [i for i, ids in enumerate(full) if len(ids) > limit]
         if too_long and not truncation:
@@ -349,57 +412,125 @@ def layerwise_param_groups(model: BertClassifier, lr: float, weight_decay: float
     return [{"params": ps, "lr": group_lr, "weight_decay": wd} for (group_lr, wd), ps in groups.items()]
 
 
-# task heads of transformers' BertFor* classes that a sequence classifier has no use for: masked-LM and
-# next-sentence (`cls.`: BertForPreTraining, ...ForMaskedLM, ...ForNextSentencePrediction), answer spans
-_HF_OTHER_HEADS = ("cls.", "qa_outputs.")
-# classes whose `classifier.` scores tokens or choices, not sequences
-_HF_OTHER_CLASSIFIERS = ("BertForTokenClassification", "BertForMultipleChoice")
+@dataclass(frozen=True)
+class _HFLayout:
+    """Where transformers keeps one architecture's weights."""
+    name: str  # the class prefix: BertModel, BertFor*
+    prefix: str  # the encoder's prefix in the *For* task models; the base model has none
+    pooler: str | None  # the base model's tanh pooler, under the prefix
+    seq_pooler: str | None  # a sequence classifier's own dense layer before its output (no prefix)
+    seq_head: str  # the sequence classifier's output layer
+    other_heads: tuple[str, ...]  # task heads a sequence classifier has no use for
 
 
-def _hf_key_map(layers: int) -> dict[str, str | tuple[str, ...]]:
-    """zoo key -> Hugging Face key (a tuple for fused q/k/v, concatenated in that order)."""
-    m: dict[str, str | tuple[str, ...]] = {
-        "bert.embeddings.word.weight": "embeddings.word_embeddings.weight",
-        "bert.embeddings.position.weight": "embeddings.position_embeddings.weight",
-        "bert.embeddings.token_type.weight": "embeddings.token_type_embeddings.weight",
-        "bert.embeddings.norm.weight": "embeddings.LayerNorm.weight",
-        "bert.embeddings.norm.bias": "embeddings.LayerNorm.bias",
-        "bert.pooler.weight": "pooler.dense.weight",
-        "bert.pooler.bias": "pooler.dense.bias",
-    }
+_HF_LAYOUTS = {
+    # masked-LM and next-sentence `cls.` (BertForPreTraining, ...ForMaskedLM, ...ForNextSentencePrediction), spans
+    "bert": _HFLayout("Bert", "bert.", "pooler.dense", None, "classifier", ("cls.", "qa_outputs.")),
+    # RobertaClassificationHead: dense + tanh on <s>, then out_proj
+    "roberta": _HFLayout("Roberta", "roberta.", "pooler.dense", "classifier.dense", "classifier.out_proj",
+                         ("lm_head.", "qa_outputs.")),
+    # DistilBertForSequenceClassification: pre_classifier + ReLU on [CLS], then classifier
+    "distilbert": _HFLayout("DistilBert", "distilbert.", None, "pre_classifier", "classifier",
+                            ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "qa_outputs.")),
+}
+# config.json model_type -> arch (XLM-RoBERTa is RoBERTa's architecture with another vocabulary)
+_HF_MODEL_TYPES = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "distilbert": "distilbert"}
+
+
+def _zoo_config(arch: str, hf: dict) -> dict:
+    """zoo config fields from a transformers config.json of the architecture."""
+    if arch == "distilbert":
+        return {"arch": arch, "hidden": hf["dim"], "layers": hf["n_layers"], "heads": hf["n_heads"],
+                "intermediate": hf["hidden_dim"], "vocab_size": hf["vocab_size"],
+                "max_positions": hf["max_position_embeddings"], "type_vocab_size": 0,
+                "pad_token_id": hf.get("pad_token_id") or 0, "layer_norm_eps": 1e-12,  # DistilBERT's, fixed
+                "hidden_dropout": hf.get("dropout", 0.1), "attention_dropout": hf.get("attention_dropout", 0.1),
+                "classifier_dropout": hf.get("seq_classif_dropout", 0.2)}
+    hidden_dropout = hf.get("hidden_dropout_prob", 0.1)
+    return {"arch": arch, "hidden": hf["hidden_size"], "layers": hf["num_hidden_layers"],
+            "heads": hf["num_attention_heads"], "intermediate": hf["intermediate_size"],
+            "vocab_size": hf["vocab_size"], "max_positions": hf["max_position_embeddings"],
+            "type_vocab_size": hf["type_vocab_size"], "pad_token_id": hf.get("pad_token_id"),
+            "layer_norm_eps": hf.get("layer_norm_eps", 1e-12), "hidden_dropout": hidden_dropout,
+            "attention_dropout": hf.get("attention_probs_dropout_prob", 0.1),
+            "classifier_dropout": hf.get("classifier_dropout") or hidden_dropout}
+
+
+def _hf_encoder_keys(layers: int, arch: str, prefix: str = "") -> dict[str, tuple[str, ...]]:
+    """zoo key -> the Hugging Face keys it is made of (three for fused q/k/v, concatenated in that order)."""
+    distil = arch == "distilbert"
+    m = {"bert.embeddings.word.weight": "embeddings.word_embeddings.weight",
+         "bert.embeddings.position.weight": "embeddings.position_embeddings.weight",
+         "bert.embeddings.norm.weight": "embeddings.LayerNorm.weight",
+         "bert.embeddings.norm.bias": "embeddings.LayerNorm.bias"}
+    if not distil:
+        m["bert.embeddings.token_type.weight"] = "embeddings.token_type_embeddings.weight"
     for i in range(layers):
-        ours, theirs = f"bert.layers.{i}", f"encoder.layer.{i}"
-        for kind in ("weight", "bias"):
-            m[f"{ours}.attn.qkv.{kind}"] = tuple(f"{theirs}.attention.self.{n}" for n in ("query", "key", "value"))
-            m[f"{ours}.attn.proj.{kind}"] = f"{theirs}.attention.output.dense.{kind}"
-            m[f"{ours}.attn_norm.{kind}"] = f"{theirs}.attention.output.LayerNorm.{kind}"
-            m[f"{ours}.fc1.{kind}"] = f"{theirs}.intermediate.dense.{kind}"
-            m[f"{ours}.fc2.{kind}"] = f"{theirs}.output.dense.{kind}"
-            m[f"{ours}.mlp_norm.{kind}"] = f"{theirs}.output.LayerNorm.{kind}"
-    return m
-
-
-def _hf_used_keys(layers: int, prefix: str) -> set[str]:
-    used = set()
-    for ours, theirs in _hf_key_map(layers).items():
-        kind = ours.rsplit(".", 1)[1]
-        if isinstance(theirs, tuple):
-            used |= {f"{prefix}{t}.{kind}" for t in theirs}
+        ours = f"bert.layers.{i}"
+        if distil:
+            theirs = f"transformer.layer.{i}"
+            names = {"attn.qkv": tuple(f"{theirs}.attention.{n}" for n in ("q_lin", "k_lin", "v_lin")),
+                     "attn.proj": f"{theirs}.attention.out_lin", "attn_norm": f"{theirs}.sa_layer_norm",
+                     "fc1": f"{theirs}.ffn.lin1", "fc2": f"{theirs}.ffn.lin2",
+                     "mlp_norm": f"{theirs}.output_layer_norm"}
         else:
-            used.add(f"{prefix}{theirs}")
-    return used
+            theirs = f"encoder.layer.{i}"
+            names = {"attn.qkv": tuple(f"{theirs}.attention.self.{n}" for n in ("query", "key", "value")),
+                     "attn.proj": f"{theirs}.attention.output.dense",
+                     "attn_norm": f"{theirs}.attention.output.LayerNorm", "fc1": f"{theirs}.intermediate.dense",
+                     "fc2": f"{theirs}.output.dense", "mlp_norm": f"{theirs}.output.LayerNorm"}
+        for part, name in names.items():
+            for kind in ("weight", "bias"):
+                m[f"{ours}.{part}.{kind}"] = (tuple(f"{n}.{kind}" for n in name) if isinstance(name, tuple)
+                                             else f"{name}.{kind}")
+    return {ours: tuple(prefix + n for n in (theirs if isinstance(theirs, tuple) else (theirs,)))
+            for ours, theirs in m.items()}
 
 
-def to_hf_state_dict(model: BertClassifier) -> dict[str, Tensor]:
-    """The model's weights in transformers' BertForSequenceClassification layout."""
+def _hf_pooler_keys(layout: _HFLayout, prefix: str, sequence_classifier: bool) -> dict[str, tuple[str, ...]]:
+    """Where zoo's pooler comes from: a sequence classifier's own dense layer where it has one (RoBERTa,
+    DistilBERT), else the base model's pooler (BERT, RoBERTa); {} where there is none."""
+    source = (layout.seq_pooler if sequence_classifier and layout.seq_pooler
+              else f"{prefix}{layout.pooler}" if layout.pooler else None)
+    return {f"bert.pooler.{kind}": (f"{source}.{kind}",) for kind in ("weight", "bias")} if source else {}
+
+
+def to_hf_state_dict(model: BertClassifier, *, base_model: bool = False) -> dict[str, Tensor]:
+    """The model's weights in transformers' layout for its arch: {Bert,Roberta,DistilBert}ForSequenceClassification,
+    or with `base_model=True` {Bert,Roberta,DistilBert}Model (no prefix; the pooler where that class has one).
+    `load_state_dict(..., strict=True)` takes either; `to_hf_config` gives the matching config.
+    A torch.compile or DDP wrapper is looked through."""
+    model = unwrap(model)
+    c = model.config
+    layout = _HF_LAYOUTS[c.arch]
     ours = model.state_dict()
     out = {}
-    for key, theirs in _hf_key_map(model.config.layers).items():
-        if isinstance(theirs, tuple):
-            kind = key.rsplit(".", 1)[1]
-            for name, part in zip(theirs, ours[key].chunk(3, dim=0)):
-                out[f"bert.{name}.{kind}"] = part.clone()
-        else:
-            out[f"bert.{theirs}"] = ours[key]
-    out["classifier.weight"], out["classifier.bias"] = ours["head.weight"], ours["head.bias"]
+    for key, theirs in _hf_encoder_keys(c.layers, c.arch, "" if base_model else layout.prefix).items():
+        for name, part in zip(theirs, ours[key].chunk(len(theirs), dim=0)):
+            out[name] = part.clone()
+    pooler = _hf_pooler_keys(layout, "" if base_model else layout.prefix, sequence_classifier=not base_model)
+    for kind in ("weight", "bias"):
+        if pooler:
+            out[pooler[f"bert.pooler.{kind}"][0]] = ours[f"bert.pooler.{kind}"].clone()
+        if not base_model:
+            out[f"{layout.seq_head}.{kind}"] = ours[f"head.{kind}"].clone()
     return out
+
+
+def to_hf_config(config: BertConfig) -> dict:
+    """`transformers.AutoConfig.for_model(**to_hf_config(model.config))` is the config of the model's arch
+    ({Bert,Roberta,DistilBert}Config, `model_type` included) that `to_hf_state_dict(model)` fits."""
+    labels = {"num_labels": config.num_classes}
+    if config.arch == "distilbert":
+        return {"model_type": "distilbert", "vocab_size": config.vocab_size, "dim": config.hidden,
+                "n_layers": config.layers, "n_heads": config.heads, "hidden_dim": config.intermediate,
+                "max_position_embeddings": config.max_positions, "pad_token_id": config.pad_token_id,
+                "dropout": config.hidden_dropout, "attention_dropout": config.attention_dropout,
+                "seq_classif_dropout": config.classifier_dropout, "activation": "gelu", **labels}
+    return {"model_type": config.arch, "vocab_size": config.vocab_size, "hidden_size": config.hidden,
+            "num_hidden_layers": config.layers, "num_attention_heads": config.heads,
+            "intermediate_size": config.intermediate, "max_position_embeddings": config.max_positions,
+            "type_vocab_size": config.type_vocab_size, "pad_token_id": config.pad_token_id,
+            "layer_norm_eps": config.layer_norm_eps, "hidden_dropout_prob": config.hidden_dropout,
+            "attention_probs_dropout_prob": config.attention_dropout,
+            "classifier_dropout": config.classifier_dropout, "hidden_act": "gelu", **labels}
