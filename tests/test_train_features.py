@@ -249,3 +249,34 @@ def test_a_teacher_of_another_task_is_refused(corpus, tmp_path):  # noqa: F811
                   "--teacher", str(tmp_path / "t" / "model.safetensors")], check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "the teacher must be of the same task" in result.stderr
+
+
+# ---------------------------------------------------------------- FSDP2 precision and offload
+
+
+def test_fsdp_offload_trains_like_fsdp(corpus, tmp_path):  # noqa: F811
+    from .test_train import torchrun, train_losses, weights
+    common = [*TINY, "--data", corpus, "--steps", "4", "--eval-every", "4", "--dropout", "0", "--batch-size", "4",
+              "--dist", "fsdp"]
+    torchrun(2, [*common, "--out", str(tmp_path / "plain")])
+    torchrun(2, [*common, "--out", str(tmp_path / "offload"), "--fsdp-offload", "--fsdp-reduce-dtype", "fp32"])
+    # the shards live in CPU memory either way here: the same arithmetic, the same result
+    assert train_losses(tmp_path / "offload") == pytest.approx(train_losses(tmp_path / "plain"), abs=1e-6)
+    for k, v in weights(tmp_path / "plain").items():
+        torch.testing.assert_close(weights(tmp_path / "offload")[k], v, atol=1e-6, rtol=1e-5)
+
+
+def test_fsdp_param_dtype_falls_back_to_fp32_where_it_is_not_native(monkeypatch, tmp_path):
+    from .test_hardware import AMX, AVX2, play
+    play(monkeypatch, AVX2)
+    cfg = TrainConfig(steps=1, dist="fsdp", fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32", out=str(tmp_path))
+    trainer = object.__new__(Trainer)  # only the option resolution, without a process group
+    trainer.cfg, trainer.ctx, trainer.device = cfg, DistContext("fsdp", torch.device("cpu")), torch.device("cpu")
+    assert trainer._fsdp_options() == {"param_dtype": None, "reduce_dtype": torch.float32, "offload": False}
+    play(monkeypatch, AMX)
+    assert trainer._fsdp_options()["param_dtype"] == torch.bfloat16
+
+
+def test_fsdp_flags_need_dist_fsdp():
+    with pytest.raises(ValueError, match="--fsdp-offload applies to --dist fsdp only"):
+        TrainConfig(steps=1, fsdp_offload=True)

@@ -44,6 +44,13 @@ class TrainConfig:
     ema: float | None = _flag(None, "EMA decay, e.g. 0.999; evaluation and saved weights then use the EMA",
                               metavar="DECAY")
     dist: str = _flag("none", "data parallel under torchrun", choices=["none", "ddp", "fsdp"])
+    fsdp_param_dtype: str | None = _flag(None, "--dist fsdp: compute with the gathered parameters in this dtype "
+                                               "(sharded fp32 masters kept); fp32 with a warning where it is not "
+                                               "native, bf16! / fp16! force it", choices=["bf16", "fp16", "bf16!", "fp16!"])
+    fsdp_reduce_dtype: str | None = _flag(None, "--dist fsdp: dtype of the gradient reduce-scatter (default: the "
+                                                "parameter dtype)", choices=["fp32", "bf16", "fp16"])
+    fsdp_offload: bool = _flag(False, "--dist fsdp: keep the sharded parameters, gradients and optimiser state in "
+                                      "CPU memory (the optimiser steps on the CPU)")
     workers: int | None = _flag(None, "DataLoader workers (default: picked from the machine)")
     out: str = _flag("runs/latest", "run folder: checkpoints, metrics, final weights")
     resume: str | None = _flag(None, "resume from the latest checkpoint in --out, or from PATH",
@@ -99,6 +106,9 @@ class TrainConfig:
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
             if choices and value is not None and value not in choices:
                 raise ValueError(f"--{_flag_name(f)} must be one of {', '.join(choices)}, got {value!r}")
+        fsdp_flags = [name for name in ("fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload") if getattr(self, name)]
+        if fsdp_flags and self.dist != "fsdp":
+            raise ValueError(f"--{fsdp_flags[0].replace('_', '-')} applies to --dist fsdp only (now --dist {self.dist})")
         if self.compile_mode is not None:  # a mode without compiling would be silently ignored
             object.__setattr__(self, "compile", True)
         if not 0.0 < self.decay_fraction <= 1.0:

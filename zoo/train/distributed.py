@@ -63,21 +63,28 @@ class DistContext:
         dist.all_gather(parts, t)
         return torch.stack(parts).cpu()
 
-    def wrap(self, model: ZooModel) -> nn.Module:
+    def wrap(self, model: ZooModel, *, param_dtype: torch.dtype | None = None,
+             reduce_dtype: torch.dtype | None = None, offload: bool = False) -> nn.Module:
         """DDP wraps the model; FSDP2 shards each of its `checkpoint_blocks`, then the root (parameters
-        become DTensors, the model object stays the same)."""
+        become DTensors, the model object stays the same). For FSDP, `param_dtype` / `reduce_dtype` are its
+        MixedPrecisionPolicy (the shards stay fp32), `offload` its CPUOffloadPolicy."""
         if self.mode == "ddp":
             from torch.nn.parallel import DistributedDataParallel
             ids = [self.device.index] if self.device.type == "cuda" else None
             return DistributedDataParallel(model, device_ids=ids)
         if self.mode == "fsdp":
             try:
-                from torch.distributed.fsdp import fully_shard
+                from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
             except ImportError:  # torch 2.5 keeps FSDP2 under _composable
-                from torch.distributed._composable.fsdp import fully_shard
+                from torch.distributed._composable.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy,
+                                                                OffloadPolicy, fully_shard)
+            options = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+                       # pinned host memory only helps (and only exists) with a GPU to copy to
+                       "offload_policy": CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if offload
+                       else OffloadPolicy()}
             for block in model.checkpoint_blocks:
-                fully_shard(block)
-            fully_shard(model)
+                fully_shard(block, **options)
+            fully_shard(model, **options)
         return model
 
     def no_sync(self, model: nn.Module):

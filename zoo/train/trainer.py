@@ -143,7 +143,7 @@ class Trainer:
         self.plain = task.model.to(self.device)
         if cfg.compile:
             zoo_compile(self.plain, mode=cfg.compile_mode or "default")  # in place: keys and methods unchanged
-        self.model = ctx.wrap(self.plain)
+        self.model = ctx.wrap(self.plain, **self._fsdp_options())
         groups = (task.param_groups(self.plain, cfg) if task.param_groups
                   else decay_param_groups(self.plain, cfg.weight_decay))
         # fused AdamW: one kernel over all parameters instead of a loop per group (a third of a BERT
@@ -181,6 +181,17 @@ class Trainer:
         self._fit_started: float | None = None
         self.last_eval: dict[str, Any] = {}
         self._stop_signal: int | None = None
+
+    def _fsdp_options(self) -> dict[str, Any]:
+        """--fsdp-param-dtype / --fsdp-reduce-dtype / --fsdp-offload as DistContext.wrap's options; a dtype
+        without native kernels here resolves to fp32 (one warning), as --amp does."""
+        cfg = self.cfg
+        if self.ctx.mode != "fsdp":
+            return {}
+        param = resolve_dtype(self.device, cfg.fsdp_param_dtype) if cfg.fsdp_param_dtype else None
+        reduce = resolve_dtype(self.device, cfg.fsdp_reduce_dtype) if cfg.fsdp_reduce_dtype else None
+        return {"param_dtype": None if param == torch.float32 else param, "reduce_dtype": reduce,
+                "offload": cfg.fsdp_offload}
 
     # ------------------------------------------------------------------ data
 
