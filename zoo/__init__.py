@@ -38,6 +38,7 @@ def load(name: str, pretrained: bool | str | os.PathLike = False, **config_overr
         # weights from another library's own API (e.g. torchvision's ImageNet weights), converted by the family
         model = cls(build_config(entry, **config_overrides))
         state_dict, meta = external[pretrained](model.config)
+        state_dict = model.adapt_state_dict(state_dict, pretrained)
         # a num_classes of the caller's gets a new head (the weights' own, e.g. ImageNet's 1000, still loads)
         load_state_dict_into(model, state_dict, source=pretrained, reinit_head="num_classes" in config_overrides)
         model.pretrained_meta = meta
@@ -58,6 +59,7 @@ def load(name: str, pretrained: bool | str | os.PathLike = False, **config_overr
                 # a backbone-only checkpoint (e.g. Hugging Face BertModel) gets a fresh head
                 or (meta is None and bool(head_prefixes) and not any(k.startswith(head_prefixes) for k in state_dict)))
     model = cls(build_config(entry, base_config, **config_overrides))
+    state_dict = model.adapt_state_dict(state_dict, weights.source)
     load_state_dict_into(model, state_dict, source=weights.source, reinit_head=new_head)
     if meta is not None and new_head:
         # the labels and metrics described the old head

@@ -16,6 +16,8 @@ Optional (the defaults below are right for a family that does not override them)
     variants                         named presets of the config (listed by `zoo info` and the cards)
     bench_batch                      the batch `zoo bench` uses by default
     convert_foreign(sd, folder)      map a state dict that is not zoo's own (no zoo metadata) to zoo keys
+    adapt_state_dict(sd, source)     weights (zoo keys) adapted to this model's config before the strict load,
+                                     where the family knows how (e.g. another number of input channels)
     example_loss(*example_inputs)    a scalar loss for one training step on example_inputs()
     reset_head(num_classes)          a new task head
     labels                           class names (from the weights' metadata, else "0".."n-1")
@@ -70,6 +72,12 @@ class ZooModel(nn.Module):
         """A state dict without zoo metadata (another library's checkpoint) in zoo's keys, and the config
         values it implies (None: the caller's config). The default takes it as zoo's own layout."""
         return state_dict, None
+
+    def adapt_state_dict(self, state_dict: dict[str, Tensor], source: str) -> dict[str, Tensor]:
+        """`state_dict` (zoo keys, from `source`) made to fit this model where the config asked for something the
+        weights were not made for and the family knows the standard adaptation (warning when it adapts). The
+        default returns it unchanged: every mismatch stays an error of the strict load."""
+        return state_dict
 
     def example_loss(self, *inputs: Tensor) -> Tensor:
         """A scalar loss of one training step on `example_inputs()`; the default is the mean output."""

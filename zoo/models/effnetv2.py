@@ -1,25 +1,36 @@
 """effnetv2_cls: EfficientNetV2 (Tan & Le, 2021) image classifier, variants b0-b3 and s/m/l.
 
 Stages are typed rows that read like Table 4 of the paper. Weights map both ways to torchvision's
-EfficientNetV2 (s/m/l) with a shape check on every key, and the model follows the timm contract:
-forward_features, forward_head(pre_logits), reset_head, forward_intermediates / features_only,
-set_grad_checkpointing. `stem_stride=1` keeps resolution for small images such as 32x32.
+EfficientNetV2 (s/m/l) and to timm's (`tf_efficientnetv2_{b0..b3,s,m,l}`, `efficientnetv2_{s,m,l}`,
+`efficientnetv2_rw_{t,s,m}`) with a shape check on every key; timm's TF ports need TensorFlow "same"
+padding (`padding="same"`), set when their layout is detected. The model follows the timm contract:
+forward_features, forward_head(pre_logits), reset_head, forward_intermediates (the stage outputs timm's
+features_only model returns, reductions 2..32), set_grad_checkpointing. `stem_stride=1` keeps resolution
+for small images such as 32x32.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import math
+import warnings
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Literal, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from zoo.blocks.layers import DropPath, Dropout
 from zoo.models.base import ZooModel
 from zoo.registry import register_model
 
-__all__ = ["EffNetV2Config", "EfficientNetV2", "Stage", "VARIANTS", "from_torchvision", "to_torchvision"]
+__all__ = ["EffNetV2Config", "EfficientNetV2", "Stage", "VARIANTS", "TIMM_ARCHS", "from_torchvision", "to_torchvision",
+           "from_timm", "to_timm", "adapt_input_conv"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -80,23 +91,69 @@ class EffNetV2Config:
     stem_stride: int = 2  # 1 for small images (32x32): keeps four more pixels per feature-map side
     drop_rate: float | None = None  # dropout before the classifier; None = the variant's
     drop_path_rate: float = 0.2  # stochastic depth, growing linearly to this over the blocks
-    bn_eps: float = 1e-3  # TF / torchvision EfficientNetV2 value
+    bn_eps: float = 1e-3  # TF / torchvision EfficientNetV2 value (timm's non-TF models: 1e-5)
     bn_momentum: float = 0.1
+    # "torch": symmetric (k-1)//2 padding; "same": TensorFlow's, asymmetric and computed per input size for the
+    # strided convs (the extra pixel at the bottom/right), as timm's TF ports (tf_efficientnetv2_*) need
+    padding: Literal["torch", "same"] = "torch"
+    # (stem, one per stage..., head) channels and layers per stage, replacing the variant's table (e.g. timm's
+    # tf_efficientnetv2_b3 rounds its first stage to 16, efficientnetv2_rw_t is S at 0.8 width); None: the variant's
+    widths: tuple[int, ...] | None = None
+    depths: tuple[int, ...] | None = None
+    # an expansion-1 Fused-MBConv keeps its 1x1 projection (timm's efficientnetv2_rw_s / rw_m first stage)
+    fused_e1_project: bool = False
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown EfficientNetV2 variant {self.variant!r}; choose {', '.join(VARIANTS)}")
+        if self.padding not in ("torch", "same"):
+            raise ValueError(f"padding must be 'torch' (symmetric) or 'same' (TensorFlow's), got {self.padding!r}")
+        if self.in_chans < 1:
+            raise ValueError(f"in_chans must be >= 1, got {self.in_chans}")
+        stages = len(VARIANTS[self.variant].stages)
+        for name, value, size in (("widths", self.widths, stages + 2), ("depths", self.depths, stages)):
+            if value is not None and (len(value) != size or not all(isinstance(n, int) and n > 0 for n in value)):
+                raise ValueError(f"{name} for variant {self.variant!r} must be {size} positive ints "
+                                 f"({'stem, one per stage, head' if name == 'widths' else 'one per stage'}), "
+                                 f"got {value!r}")
         if self.stem_stride not in (1, 2):
             raise ValueError(f"stem_stride must be 1 or 2, got {self.stem_stride}")
         if self.num_classes < 0:
             raise ValueError("num_classes must be >= 0 (0: no classifier, features only)")
 
 
+def arch(config: EffNetV2Config) -> Variant:
+    """The stage table `config` builds: its variant's, with `widths` / `depths` applied."""
+    v = VARIANTS[config.variant]
+    if config.widths is None and config.depths is None:
+        return v
+    widths = config.widths or (v.stem, *(s.channels for s in v.stages), v.head)
+    depths = config.depths or tuple(s.layers for s in v.stages)
+    stages = tuple(dataclasses.replace(s, channels=w, layers=d) for s, w, d in zip(v.stages, widths[1:-1], depths))
+    return Variant(widths[0], stages, widths[-1], v.dropout)
+
+
+class SameConv2d(nn.Conv2d):
+    """A strided conv with TensorFlow's "SAME" padding (timm's Conv2dSame): per side pair a total of
+    max((ceil(n / s) - 1) * s + k - n, 0), the odd pixel at the bottom/right; it depends on the input size."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        pads = []
+        for n, k, s in ((x.shape[-1], self.kernel_size[1], self.stride[1]), (x.shape[-2], self.kernel_size[0],
+                                                                               self.stride[0])):
+            total = max((-(-n // s) - 1) * s + k - n, 0)
+            pads += [total // 2, total - total // 2]
+        return super().forward(F.pad(x, pads))
+
+
 class ConvBnAct(nn.Sequential):
     def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1, act: bool = True,
-                 eps: float = 1e-3, momentum: float = 0.1):
+                 eps: float = 1e-3, momentum: float = 0.1, padding: str = "torch"):
         super().__init__()
-        self.conv = nn.Conv2d(cin, cout, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False)
+        if padding == "same" and stride > 1:  # at stride 1 an odd kernel's "same" is the symmetric padding
+            self.conv = SameConv2d(cin, cout, kernel, stride, 0, groups=groups, bias=False)
+        else:
+            self.conv = nn.Conv2d(cin, cout, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False)
         self.bn = nn.BatchNorm2d(cout, eps=eps, momentum=momentum)
         self.act = nn.SiLU(inplace=True) if act else nn.Identity()
 
@@ -113,13 +170,14 @@ class SqueezeExcite(nn.Module):
 
 
 class FusedMBConv(nn.Module):
-    """k x k expansion conv (stride here), then a 1x1 projection when the width expanded."""
+    """k x k expansion conv (stride here), then a 1x1 projection when the width expanded (or `project_e1`)."""
 
-    def __init__(self, cin: int, cout: int, s: Stage, stride: int, drop_path: float, bn: dict):
+    def __init__(self, cin: int, cout: int, s: Stage, stride: int, drop_path: float, bn: dict,
+                 project_e1: bool = False):
         super().__init__()
         hidden = cin * s.expand
         self.residual = stride == 1 and cin == cout
-        if hidden == cin:
+        if hidden == cin and not project_e1:
             self.conv, self.project = ConvBnAct(cin, cout, s.kernel, stride, **bn), None
         else:
             self.conv = ConvBnAct(cin, hidden, s.kernel, stride, **bn)
@@ -157,7 +215,7 @@ class MBConv(nn.Module):
 
 @register_model("effnetv2_cls", config=EffNetV2Config, weights={"cifar10": "effnetv2_cls.cifar10.safetensors"},
                 default="cifar10",
-                description="EfficientNetV2 image classifier (b0-b3, s/m/l; torchvision weight interop)")
+                description="EfficientNetV2 image classifier (b0-b3, s/m/l; torchvision and timm weight interop)")
 class EfficientNetV2(ZooModel):
     """EfficientNetV2 classifier."""
     head_prefixes = ("head.",)
@@ -167,17 +225,17 @@ class EfficientNetV2(ZooModel):
     def __init__(self, config: EffNetV2Config = EffNetV2Config()):
         super().__init__()
         self.config = c = config
-        v = VARIANTS[c.variant]
-        bn = {"eps": c.bn_eps, "momentum": c.bn_momentum}
+        v = arch(c)
+        bn = {"eps": c.bn_eps, "momentum": c.bn_momentum, "padding": c.padding}
         self.stem = ConvBnAct(c.in_chans, v.stem, 3, c.stem_stride, **bn)
         total = sum(s.layers for s in v.stages)
         stages, cin, index = [], v.stem, 0
         for s in v.stages:
             blocks = []
             for i in range(s.layers):
-                block = FusedMBConv if s.block == "fused" else MBConv
-                blocks.append(block(cin, s.channels, s, s.stride if i == 0 else 1,
-                                    c.drop_path_rate * index / total, bn))
+                args = (cin, s.channels, s, s.stride if i == 0 else 1, c.drop_path_rate * index / total, bn)
+                blocks.append(FusedMBConv(*args, project_e1=c.fused_e1_project) if s.block == "fused"
+                              else MBConv(*args))
                 cin, index = s.channels, index + 1
             stages.append(nn.Sequential(*blocks))
         self.stages = nn.ModuleList(stages)
@@ -212,20 +270,33 @@ class EfficientNetV2(ZooModel):
         from zoo.accel.checkpointing import checkpointing
         checkpointing(self, "blocks" if enable else "none")
 
-    def forward_intermediates(self, x: Tensor) -> list[Tensor]:
-        """Feature maps at each resolution (the last block of each stride), for detection/segmentation."""
-        feats, x = [], self.stem(x)
-        for i, stage in enumerate(self.stages):
+    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None) -> list[Tensor]:
+        """Feature maps at each resolution (the last block of each stride; reductions 2, 4, 8, 16, 32 with the
+        default stem), the maps timm's `features_only=True` model returns, for detection/segmentation.
+        indices: None (all), n (the last n) or positions in `feature_info()` (negative from the end)."""
+        info = self.feature_info()
+        if indices is None:
+            wanted = list(range(len(info)))
+        elif isinstance(indices, int):
+            if not 0 < indices <= len(info):
+                raise ValueError(f"indices={indices}: this model has {len(info)} feature maps")
+            wanted = list(range(len(info) - indices, len(info)))
+        else:
+            wanted = [i + len(info) if i < 0 else i for i in indices]
+            if not all(0 <= i < len(info) for i in wanted):
+                raise ValueError(f"indices {list(indices)} out of range for {len(info)} feature maps")
+        stage_of = {info[i]["stage"]: i for i in wanted}
+        feats, x = {}, self.stem(x)
+        for i, stage in enumerate(self.stages[:max(stage_of) + 1]):  # stop after the deepest map wanted
             x = stage(x)
-            last_of_stride = i + 1 == len(self.stages) or VARIANTS[self.config.variant].stages[i + 1].stride > 1
-            if last_of_stride:
-                feats.append(x)
-        return feats
+            if i in stage_of:
+                feats[stage_of[i]] = x
+        return [feats[i] for i in wanted]
 
     def feature_info(self) -> list[dict]:
         """Channels and reduction (stride) of each map `forward_intermediates` returns."""
         info, reduction = [], self.config.stem_stride
-        stages = VARIANTS[self.config.variant].stages
+        stages = arch(self.config).stages
         for i, s in enumerate(stages):
             reduction *= s.stride
             if i + 1 == len(stages) or stages[i + 1].stride > 1:
@@ -274,8 +345,9 @@ class EfficientNetV2(ZooModel):
 
     @classmethod
     def convert_foreign(cls, state_dict: dict[str, Tensor], folder=None) -> tuple[dict[str, Tensor], dict]:
-        """A state dict without zoo metadata, its layout detected: torchvision's `efficientnet_v2_{s,m,l}` (its
-        `state_dict()` saved with torch.save) or zoo's own keys; the variant and num_classes come from the shapes."""
+        """A state dict without zoo metadata, its layout detected: torchvision's `efficientnet_v2_{s,m,l}`, timm's
+        EfficientNetV2 family (its `state_dict()` saved with torch.save or safetensors, or an hf://timm/<name>
+        folder whose config.json names the architecture) or zoo's own keys; the config comes from the shapes."""
         if "stem.conv.weight" in state_dict:
             layout, convert = "zoo", _check_zoo_layout
             num_classes = state_dict["head.weight"].shape[0] if "head.weight" in state_dict else 0
@@ -283,12 +355,14 @@ class EfficientNetV2(ZooModel):
         elif "features.0.0.weight" in state_dict and "classifier.1.weight" in state_dict:
             layout, convert, extra = "torchvision", from_torchvision, {}
             num_classes = state_dict["classifier.1.weight"].shape[0]
+        elif "conv_stem.weight" in state_dict and "blocks.0.0.bn1.weight" in state_dict:
+            return _convert_timm(state_dict, folder)
         else:
             keys = sorted(state_dict)
             raise ValueError(f"state dict with keys {', '.join(keys[:6])}{' ...' if len(keys) > 6 else ''} is neither "
-                             "zoo's EfficientNetV2 nor torchvision's; effnetv2_cls loads a zoo weights file, a "
-                             "torchvision efficientnet_v2_{s,m,l} state dict, or pretrained='torchvision' "
-                             "(timm layouts are not supported yet)")
+                             "zoo's EfficientNetV2, torchvision's nor timm's; effnetv2_cls loads a zoo weights file, a "
+                             "torchvision efficientnet_v2_{s,m,l} state dict, a timm tf_efficientnetv2_* / "
+                             "efficientnetv2_* state dict (or hf://timm/<name>), or pretrained='torchvision'")
         tried = []
         for variant in (("s", "m", "l") if layout == "torchvision" else tuple(VARIANTS)):
             config = EffNetV2Config(variant=variant, num_classes=num_classes, **extra)
@@ -297,6 +371,19 @@ class EfficientNetV2(ZooModel):
             except ValueError as e:
                 tried.append(f"{variant}: {e}")
         raise ValueError(f"{layout} EfficientNetV2 state dict fits no variant; " + "; ".join(tried))
+
+    def adapt_state_dict(self, state_dict: dict[str, Tensor], source: str) -> dict[str, Tensor]:
+        """Weights for another number of input channels than this model's `in_chans` get their stem adapted as
+        timm does (1 channel: the kernel summed over the input channels; more: repeated and rescaled), with a
+        warning."""
+        weight = state_dict.get("stem.conv.weight")
+        if weight is None or weight.ndim != 4 or weight.shape[1] == self.config.in_chans:
+            return state_dict
+        warnings.warn(f"{type(self).__name__}: stem.conv.weight of {source} is for {weight.shape[1]} input channels; "
+                      f"adapted to in_chans={self.config.in_chans} ("
+                      f"{'summed over its channels' if self.config.in_chans == 1 else 'repeated and rescaled'})",
+                      UserWarning, stacklevel=3)
+        return {**state_dict, "stem.conv.weight": adapt_input_conv(self.config.in_chans, weight)}
 
     # ------------------------------------------------------------------ use
 
@@ -337,7 +424,7 @@ class EfficientNetV2(ZooModel):
 
 def _torchvision_key_map(config: EffNetV2Config) -> dict[str, str]:
     """zoo module prefix -> torchvision module prefix, for every conv/bn/linear of the model."""
-    v = VARIANTS[config.variant]
+    v = arch(config)
     m = {"stem.conv": "features.0.0", "stem.bn": "features.0.1"}
     cin = v.stem
     for si, s in enumerate(v.stages):
@@ -367,8 +454,9 @@ _LEAVES = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked
 def from_torchvision(state_dict: dict[str, Tensor], config: EffNetV2Config | None = None) -> dict[str, Tensor]:
     """A torchvision EfficientNetV2 state dict -> this model's keys, checking every key and shape."""
     config = config or EffNetV2Config()
-    with torch.device("meta"):  # shapes only: no memory, no init
-        reference = EfficientNetV2(dataclasses.replace(config, num_classes=state_dict["classifier.1.weight"].shape[0]))
+    with torch.device("meta"):  # shapes only: no memory, no init; the weights' own in_chans (adapted on load)
+        reference = EfficientNetV2(dataclasses.replace(config, num_classes=state_dict["classifier.1.weight"].shape[0],
+                                                       in_chans=state_dict["features.0.0.weight"].shape[1]))
     own = reference.state_dict()
     out, used = {}, set()
     for ours, theirs in _torchvision_key_map(config).items():
@@ -408,8 +496,13 @@ def to_torchvision(model: EfficientNetV2) -> dict[str, Tensor]:
     """This model's weights in torchvision's EfficientNetV2 layout (s/m/l)."""
     if model.config.variant not in ("s", "m", "l"):
         raise ValueError(f"torchvision has no EfficientNetV2-{model.config.variant.upper()}; only s, m and l")
-    if model.config.stem_stride != 2 or model.config.in_chans != 3:
+    c = model.config
+    if c.stem_stride != 2 or c.in_chans != 3:
         raise ValueError("torchvision's EfficientNetV2 has a stride-2 stem on 3 channels")
+    if c.padding != "torch" or c.widths is not None or c.depths is not None or c.fused_e1_project:
+        raise ValueError("torchvision's EfficientNetV2 has symmetric padding and the s/m/l tables as they are "
+                         f"(this model: padding={c.padding!r}, widths={c.widths}, depths={c.depths}, "
+                         f"fused_e1_project={c.fused_e1_project}); to_timm writes timm's layout")
     own = model.state_dict()
     out = {}
     for ours, theirs in _torchvision_key_map(model.config).items():
@@ -417,3 +510,157 @@ def to_torchvision(model: EfficientNetV2) -> dict[str, Tensor]:
             if f"{ours}.{leaf}" in own:
                 out[f"{theirs}.{leaf}"] = own[f"{ours}.{leaf}"]
     return out
+
+
+# ---------------------------------------------------------------------- timm interop
+
+# timm's EfficientNetV2 architectures as zoo configs: layout (shapes) + the padding and BatchNorm eps they use.
+# The tf_ ports of Google's weights use TensorFlow "same" padding and eps 1e-3; timm's own models are symmetric
+# with eps 1e-5. tests/test_interop_effnetv2.py checks every row against timm's own model.
+_TF, _TIMM = {"padding": "same", "bn_eps": 1e-3}, {"padding": "torch", "bn_eps": 1e-5}
+TIMM_ARCHS: dict[str, dict] = {
+    **{f"tf_efficientnetv2_{v}": {"variant": v, **_TF} for v in ("b0", "b1", "b2", "s", "m", "l")},
+    # the first stage rounds 16 * 1.2 down to 16 (timm's round_limit=0), zoo's b3 table to 24
+    "tf_efficientnetv2_b3": {"variant": "b3", "widths": (40, 16, 40, 56, 112, 136, 232, 1536), **_TF},
+    **{f"efficientnetv2_{v}": {"variant": v, **_TIMM} for v in ("s", "m", "l")},
+    "efficientnetv2_rw_t": {"variant": "s", "widths": (24, 24, 40, 48, 104, 128, 208, 1024),
+                            "depths": (2, 4, 4, 6, 9, 14), **_TIMM},
+    "efficientnetv2_rw_s": {"variant": "s", "widths": (24, 24, 48, 64, 128, 160, 272, 1792),
+                            "fused_e1_project": True, **_TIMM},
+    "efficientnetv2_rw_m": {"variant": "s", "widths": (32, 32, 56, 80, 152, 192, 328, 2152),
+                            "depths": (3, 5, 5, 8, 15, 24), "fused_e1_project": True, **_TIMM},
+}
+
+
+def _signature(config: EffNetV2Config) -> tuple:
+    """What a state dict shows of a config: widths, depths and whether stage 0 has a projection."""
+    v = arch(config)
+    return ((v.stem, *(s.channels for s in v.stages), v.head), tuple(s.layers for s in v.stages),
+            config.fused_e1_project)
+
+
+def _timm_signature(state_dict: dict[str, Tensor]) -> tuple:
+    stages = sorted({int(k.split(".")[1]) for k in state_dict if k.startswith("blocks.")})
+    depths, channels = [], []
+    for i in stages:
+        depths.append(len({k.split(".")[2] for k in state_dict if k.startswith(f"blocks.{i}.")}))
+        first = f"blocks.{i}.0."
+        out = next((first + name for name in ("conv_pwl.weight", "conv.weight") if first + name in state_dict), None)
+        channels.append(state_dict[out].shape[0] if out else 0)
+    head = state_dict["conv_head.weight"].shape[0] if "conv_head.weight" in state_dict else 0
+    return ((state_dict["conv_stem.weight"].shape[0], *channels, head), tuple(depths),
+            "blocks.0.0.conv_exp.weight" in state_dict)
+
+
+def _convert_timm(state_dict: dict[str, Tensor], folder: Path | None) -> tuple[dict[str, Tensor], dict]:
+    """timm's layout -> zoo's keys and config. The architecture is the one config.json names (hf://timm/...), else
+    the one whose shapes fit; where a tf_ port and timm's own model share shapes, the tf_ port (the one with
+    published weights) is assumed, with a log line saying how to choose the other."""
+    num_classes = state_dict["classifier.weight"].shape[0] if "classifier.weight" in state_dict else 0
+    in_chans = state_dict["conv_stem.weight"].shape[1]
+    named = _timm_architecture(folder)
+    signature = _timm_signature(state_dict)
+    fits = [name for name, row in TIMM_ARCHS.items() if _signature(EffNetV2Config(**row)) == signature]
+    if named is not None:
+        if named not in TIMM_ARCHS:
+            raise ValueError(f"{folder}/config.json names timm architecture {named!r}; effnetv2_cls loads "
+                             f"{', '.join(TIMM_ARCHS)}")
+        if named not in fits:
+            raise ValueError(f"the weights in {folder} do not have the shapes of timm's {named} (widths, depths: "
+                             f"{signature[0]}, {signature[1]}); is config.json from another model?")
+        name = named
+    elif fits:
+        name = fits[0]
+        if len(fits) > 1:
+            log.info("timm EfficientNetV2 state dict: shapes of %s; loaded as %s (padding=%r, bn_eps=%g); pass "
+                     "padding='torch', bn_eps=1e-5 for timm's own %s", " / ".join(fits), name,
+                     TIMM_ARCHS[name]["padding"], TIMM_ARCHS[name]["bn_eps"], fits[1])
+    else:
+        raise ValueError(f"timm EfficientNetV2 state dict with widths {signature[0]} and depths {signature[1]} is "
+                         f"none of the timm architectures effnetv2_cls loads ({', '.join(TIMM_ARCHS)}); other "
+                         "channel or depth multipliers need widths=..., depths=... matching them")
+    values = {**TIMM_ARCHS[name], "num_classes": num_classes, "in_chans": in_chans}
+    return from_timm(state_dict, EffNetV2Config(**values)), values
+
+
+def _timm_architecture(folder: Path | None) -> str | None:
+    """The `architecture` a timm Hub folder's config.json names (None: no such file)."""
+    path = Path(folder) / "config.json" if folder is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text()).get("architecture")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+
+
+def _timm_key_map(model: EfficientNetV2) -> dict[str, str]:
+    """zoo module prefix -> timm module prefix, for every conv/bn/linear of `model`."""
+    m = {"stem.conv": "conv_stem", "stem.bn": "bn1"}
+    for si, stage in enumerate(model.stages):
+        for bi, block in enumerate(stage):
+            ours, theirs = f"stages.{si}.{bi}", f"blocks.{si}.{bi}"
+            if isinstance(block, FusedMBConv) and block.project is None:  # timm's ConvBnAct block
+                parts = {"conv.conv": "conv", "conv.bn": "bn1"}
+            elif isinstance(block, FusedMBConv):  # EdgeResidual
+                parts = {"conv.conv": "conv_exp", "conv.bn": "bn1", "project.conv": "conv_pwl", "project.bn": "bn2"}
+            else:  # InvertedResidual
+                parts = {"dw.conv": "conv_dw", "dw.bn": "bn2", "se.reduce": "se.conv_reduce",
+                         "se.expand": "se.conv_expand", "project.conv": "conv_pwl", "project.bn": "bn3"}
+                if block.expand is not None:
+                    parts.update({"expand.conv": "conv_pw", "expand.bn": "bn1"})
+            m.update({f"{ours}.{a}": f"{theirs}.{b}" for a, b in parts.items()})
+    m.update({"head_conv.conv": "conv_head", "head_conv.bn": "bn2", "head": "classifier"})
+    return m
+
+
+def from_timm(state_dict: dict[str, Tensor], config: EffNetV2Config) -> dict[str, Tensor]:
+    """A timm EfficientNetV2 state dict -> this model's keys for `config`, checking every key and shape."""
+    num_classes = state_dict["classifier.weight"].shape[0] if "classifier.weight" in state_dict else 0
+    with torch.device("meta"):
+        reference = EfficientNetV2(dataclasses.replace(config, num_classes=num_classes,
+                                                       in_chans=state_dict["conv_stem.weight"].shape[1]))
+    own = reference.state_dict()
+    out, used, problems = {}, set(), []
+    for ours, theirs in _timm_key_map(reference).items():
+        for leaf in _LEAVES:
+            key = f"{ours}.{leaf}"
+            if key not in own:
+                continue
+            source = f"{theirs}.{leaf}"
+            if source not in state_dict:
+                problems.append(f"lacks {source}")
+            elif state_dict[source].shape != own[key].shape:
+                problems.append(f"{source} is {tuple(state_dict[source].shape)}, {key} needs {tuple(own[key].shape)}")
+            else:
+                out[key] = state_dict[source]
+                used.add(source)
+    unused = sorted(set(state_dict) - used)
+    if unused:
+        problems.append(f"keys with no place: {', '.join(unused[:10])}{' ...' if len(unused) > 10 else ''}")
+    if problems:
+        raise ValueError(f"timm state dict does not fit EfficientNetV2 {config.variant} (widths={config.widths}, "
+                         f"depths={config.depths}): {'; '.join(problems[:6])}")
+    return out
+
+
+def to_timm(model: EfficientNetV2) -> dict[str, Tensor]:
+    """This model's weights in timm's EfficientNetV2 layout (`timm.create_model(<its TIMM_ARCHS name>)`)."""
+    if model.config.stem_stride != 2:
+        raise ValueError("timm's EfficientNetV2 has a stride-2 stem; this model has stem_stride=1")
+    own = model.state_dict()
+    return {f"{theirs}.{leaf}": own[f"{ours}.{leaf}"] for ours, theirs in _timm_key_map(model).items()
+            for leaf in _LEAVES if f"{ours}.{leaf}" in own}
+
+
+def adapt_input_conv(in_chans: int, weight: Tensor) -> Tensor:
+    """A first conv's kernel (out, in, kh, kw) for `in_chans` input channels, as timm's adapt_input_conv: summed
+    over the input channels for 1 (a grey image's response equals the colour image's of the same grey), else
+    repeated to `in_chans` and scaled by in / in_chans (the same response to a constant image)."""
+    dtype, weight = weight.dtype, weight.float()
+    if in_chans == 1:
+        out = weight.sum(dim=1, keepdim=True)
+    else:
+        repeat = math.ceil(in_chans / weight.shape[1])
+        out = weight.repeat(1, repeat, 1, 1)[:, :in_chans] * (weight.shape[1] / in_chans)
+    return out.to(dtype)

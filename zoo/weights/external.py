@@ -17,10 +17,13 @@ __all__ = ["EXTERNAL", "external_tags"]
 def torchvision_effnetv2(config):
     """torchvision's ImageNet weights through its own weights API (downloads once into the torch hub cache)."""
     from zoo.models.effnetv2 import from_torchvision
-    if config.variant not in ("s", "m", "l") or config.stem_stride != 2 or config.in_chans != 3:
-        raise ValueError(f"torchvision weights exist for variant s, m or l with stem_stride=2 and in_chans=3 (asked: "
-                         f"variant={config.variant!r}, stem_stride={config.stem_stride}, in_chans={config.in_chans}); "
-                         "e.g. zoo.load('effnetv2_cls', pretrained='torchvision', variant='s', num_classes=5)")
+    tables = (config.padding == "torch" and config.widths is None and config.depths is None
+              and not config.fused_e1_project)
+    if config.variant not in ("s", "m", "l") or config.stem_stride != 2 or not tables:
+        raise ValueError(f"torchvision weights exist for variant s, m or l with stem_stride=2, padding='torch' and the "
+                         f"variant's own widths/depths (asked: variant={config.variant!r}, stem_stride="
+                         f"{config.stem_stride}, padding={config.padding!r}); e.g. zoo.load('effnetv2_cls', "
+                         "pretrained='torchvision', variant='s', num_classes=5)")
     import torchvision
     weights = getattr(torchvision.models, f"EfficientNet_V2_{config.variant.upper()}_Weights").DEFAULT
     try:
