@@ -268,7 +268,7 @@ def test_label_names_follow_numeric_labels_in_numeric_order(tmp_path, caplog):
         module.main(parser_args)
     task = captured["task"]
     names = task.meta["labels"]
-    for i, (ids, label) in enumerate(task.train_data):
+    for i, (ids, _, label, _) in enumerate(task.train_data):  # (ids, token types, label, index)
         assert names[label] == words[i], f"raw label {i} is named {names[label]!r}"
     assert "10 -> ten" in caplog.text
 

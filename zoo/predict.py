@@ -18,11 +18,28 @@ import torch
 Adapter = Callable[..., "tuple[Any, str]"]
 
 
-def bert_cls(model, inputs: list[str], *, max_length: int | None = None):
+def bert_cls(model, inputs: list[str], *, max_length: int | None = None, pair_separator: str = "",
+             threshold: float = 0.5):
+    """--pair-separator ' ||| ' reads each input as a sentence pair "a ||| b"; --threshold is the multi-label
+    models' probability cut."""
     if not inputs:
         raise ValueError('give one or more texts, e.g. zoo predict bert_cls "a gripping film"')
-    results = model.predict(inputs, max_length=max_length)
-    lines = [f"{r['label']:<10} {max(r['probs'].values()):.3f}  {text}" for r, text in zip(results, inputs)]
+    texts = inputs
+    if pair_separator:
+        texts = [tuple(part.strip() for part in text.split(pair_separator, 1)) for text in inputs]
+        lone = [text for text, parts in zip(inputs, texts) if len(parts) != 2]
+        if lone:
+            raise ValueError(f"--pair-separator {pair_separator!r} is not in {lone[0]!r}; give each pair as "
+                             f'"first{pair_separator}second"')
+    results = model.predict(texts, max_length=max_length, threshold=threshold)
+    problem = model.config.problem
+    if problem == "regression":
+        lines = [f"{str(r):<10} {text}" for r, text in zip(results, inputs)]
+        return [{"text": t, "value": r} for t, r in zip(inputs, results)], "\n".join(lines)
+    if problem == "multi_label":
+        lines = [f"{','.join(r['labels']) or '-':<20} {text}" for r, text in zip(results, inputs)]
+    else:
+        lines = [f"{r['label']:<10} {max(r['probs'].values()):.3f}  {text}" for r, text in zip(results, inputs)]
     return [{"text": t, **r} for t, r in zip(inputs, results)], "\n".join(lines)
 
 

