@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import zoo
-from zoo.models.bert import layerwise_param_groups, minilm_folder, to_hf_state_dict
+from zoo.models.bert import minilm_folder, to_hf_state_dict
+from zoo.train.groups import depth_param_groups
 
 from .conftest import fast_amp
 
@@ -139,7 +140,7 @@ def test_fully_padded_sequence_gives_finite_logits_in_bf16(minilm):
 
 
 def test_layerwise_lr_decay_groups(minilm):
-    groups = layerwise_param_groups(minilm, 1e-4, 0.01, 0.5)
+    groups = depth_param_groups(minilm, 1e-4, 0.01, 0.5)
     lrs = sorted({g["lr"] for g in groups})
     assert lrs[-1] == 1e-4 and abs(lrs[0] - 1e-4 * 0.5 ** 7) < 1e-12  # embeddings: decay ** (layers + 1)
     assert sum(len(g["params"]) for g in groups) == len(list(minilm.parameters()))

@@ -280,3 +280,80 @@ def test_fsdp_param_dtype_falls_back_to_fp32_where_it_is_not_native(monkeypatch,
 def test_fsdp_flags_need_dist_fsdp():
     with pytest.raises(ValueError, match="--fsdp-offload applies to --dist fsdp only"):
         TrainConfig(steps=1, fsdp_offload=True)
+
+
+# ---------------------------------------------------------------- --layer-decay and --unfreeze
+
+
+def test_unfreeze_spec_is_parsed_and_checked():
+    from zoo.train.groups import Unfreezing
+    u = Unfreezing.parse("head@0, top:2@300, all@1000")
+    assert [u.deepest(s) for s in (0, 299, 300, 999, 1000)] == [0, 0, 2, 2, None]
+    assert u.trains(0, 0) and not u.trains(1, 0) and u.trains(2, 300) and not u.trains(3, 300) and u.trains(9, 1000)
+    for bad, message in [("top:2@5", "first stage starts at step 0"), ("head@0,all@0", "increasing steps"),
+                         ("head@0,top@5", "is not head@STEP")]:
+        with pytest.raises(ValueError, match=message):
+            TrainConfig(steps=1, unfreeze=bad)
+
+
+def small_effnet():
+    import zoo
+    torch.manual_seed(0)
+    return zoo.load("effnetv2_cls", num_classes=3, drop_path_rate=0.0)
+
+
+def test_depth_groups_give_layer_decayed_rates_and_cover_every_parameter():
+    from zoo.train.groups import depth_param_groups
+    model = small_effnet()
+    groups = depth_param_groups(model, lr=1.0, weight_decay=0.1, layer_decay=0.5)
+    by_name = {g["name"]: g for g in groups}
+    assert by_name["head"]["depth"] == 0 and by_name["head"]["lr"] == 1.0
+    assert by_name["head conv"]["lr"] == 0.5 and by_name["stem"]["lr"] == 0.5 ** (len(model.stages) + 2)
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    # no decay on BatchNorm weights and biases (vectors)
+    assert all(p.dim() == 1 for g in groups if g["weight_decay"] == 0 for p in g["params"])
+
+
+def image_task(model):
+    from zoo.train import Task
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 3, (16,), generator=g)
+    data = torch.utils.data.TensorDataset(x, y)
+    return Task(name="effnetv2_cls", model=model, train_data=data, eval_data=None,
+                loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                eval_step=lambda m, b: {}, summarize=lambda s: {}, class_dim=-1)
+
+
+def trained_parts(tmp_path, steps, spec="head@0,top:1@2,all@4"):
+    """Which of stem / last stage / head conv / head changed (weights or BatchNorm statistics) in `steps`."""
+    model = small_effnet()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = TrainConfig(steps=steps, unfreeze=spec, warmup=1, lr=1e-2, batch_size=4, workers=0, eval_every=100,
+                      out=str(tmp_path / f"s{steps}"))
+    Trainer(cfg, image_task(model), CPU).fit()
+    after = model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k]) and "num_batches_tracked" not in k}
+    last = f"stages.{len(model.stages) - 1}."
+    return {part for part, prefix in [("stem", "stem."), ("last stage", last), ("head conv", "head_conv."),
+                                      ("head", "head.")] if any(k.startswith(prefix) for k in changed)}
+
+
+def test_progressive_unfreezing_trains_the_head_first_then_downwards(tmp_path):
+    assert trained_parts(tmp_path, 2) == {"head"}  # BatchNorm statistics below the head stay too
+    assert trained_parts(tmp_path, 4) == {"head", "head conv"}
+    assert trained_parts(tmp_path, 6) == {"head", "head conv", "last stage", "stem"}
+
+
+def test_layer_decay_needs_a_family_with_depth_groups(tmp_path):
+    with pytest.raises(ValueError, match="has no depth groups"):
+        Trainer(TrainConfig(steps=1, layer_decay=0.8, out=str(tmp_path), workers=0), tiny_task(), CPU)
+
+
+def test_a_torn_metrics_line_from_a_killed_run_is_dropped_on_resume(tmp_path, caplog):
+    from zoo.train.metrics import MetricsLogger
+    good = [{"split": "train", "step": s, "loss": 1.0 / s} for s in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good) + '{"split": "tra')
+    logger = MetricsLogger(tmp_path, resume_step=2)
+    assert logger.records == good[:2]
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [json.dumps(r) for r in good[:2]]
+    assert any("line 4 is cut short" in r.getMessage() for r in caplog.records)

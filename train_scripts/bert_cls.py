@@ -22,7 +22,7 @@ import torch
 import zoo
 from zoo.data.text import (LengthGroupedBatches, infer_problem, read_labelled_texts, regression_targets,
                            split_label_lists)
-from zoo.models.bert import layerwise_param_groups, minilm_folder
+from zoo.models.bert import minilm_folder
 from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
 log = logging.getLogger("zoo.train")
@@ -240,7 +240,6 @@ def build_task(cfg) -> Task:
         collate=functools.partial(collate, pad=model.config.pad_token_id),
         batch_sampler=(lambda sampler, bs: LengthGroupedBatches(sampler, [len(x) for x in train_data.ids], bs,
                                                                  seed=cfg.seed)) if train_data else None,
-        param_groups=lambda m, c: layerwise_param_groups(m, c.lr, c.weight_decay, a["layer_decay"]),
         eval_batch_size=128,
         meta={"labels": names, "dataset": f"train {cfg.data}; evaluated on {a['eval']}",
               "preprocessing": {"tokenizer": model.config.tokenizer, "max_length": max_length,
@@ -251,7 +250,7 @@ def build_task(cfg) -> Task:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_args(parser, lr=5e-5, weight_decay=0.01, warmup=200, batch_size=32, out="runs/bert_cls",
-                   min_lr_ratio=0.0)
+                   min_lr_ratio=0.0, layer_decay=0.9)
     g = parser.add_argument_group("bert_cls")
     g.add_argument("--eval", default=None, help="evaluation file, same format as --data")
     g.add_argument("--text-column", default="sentence")
@@ -266,7 +265,6 @@ def main(argv=None):
     g.add_argument("--label-names", default=None, help="comma-separated names for the raw labels in sorted order "
                    "(numeric labels sort as numbers: 0,1,2,...,10)")
     g.add_argument("--max-length", type=int, default=128)
-    g.add_argument("--layer-decay", type=float, default=0.9, help="layer-wise LR decay (1 = off)")
     g.add_argument("--pooling", choices=["cls", "mean"], default=None)
     g.add_argument("--attention-dropout", type=float, default=0.0)
     setup_logging()

@@ -18,6 +18,8 @@ Optional (the defaults below are right for a family that does not override them)
     convert_foreign(sd, folder)      map a state dict that is not zoo's own (no zoo metadata) to zoo keys
     adapt_state_dict(sd, source)     weights (zoo keys) adapted to this model's config before the strict load,
                                      where the family knows how (e.g. another number of input channels)
+    depth_groups()                   the parts from the input up, the task head last, for layer-wise LR
+                                     decay and progressive unfreezing (zoo/train/groups.py)
     example_loss(*example_inputs)    a scalar loss for one training step on example_inputs()
     reset_head(num_classes)          a new task head
     labels                           class names (from the weights' metadata, else "0".."n-1")
@@ -78,6 +80,12 @@ class ZooModel(nn.Module):
         weights were not made for and the family knows the standard adaptation (warning when it adapts). The
         default returns it unchanged: every mismatch stays an error of the strict load."""
         return state_dict
+
+    def depth_groups(self) -> list[tuple[str, list[nn.Module]]]:
+        """[(name, modules), ...] from the input up, the task head last; every parameter in one group. The
+        default: no depth order (--layer-decay and --unfreeze are then refused)."""
+        raise NotImplementedError(f"{type(self).__name__} has no depth groups: --layer-decay and --unfreeze "
+                                  "need a family that lists them (bert_cls, effnetv2_cls)")
 
     def example_loss(self, *inputs: Tensor) -> Tensor:
         """A scalar loss of one training step on `example_inputs()`; the default is the mean output."""

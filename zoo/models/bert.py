@@ -219,6 +219,12 @@ class BertClassifier(ZooModel):
     def checkpoint_blocks(self) -> list[nn.Module]:
         return list(self.bert.layers)
 
+    def depth_groups(self) -> list[tuple[str, list[nn.Module]]]:
+        """Embeddings, each layer, then pooler + head (layer-wise LR decay, as ELECTRA/BEiT group them)."""
+        return [("embeddings", [self.bert.embeddings]),
+                *((f"layer {i}", [layer]) for i, layer in enumerate(self.bert.layers)),
+                ("head", [self.bert.pooler, self.head])]
+
     def forward_features(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                          token_type_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self.bert(input_ids, attention_mask, token_type_ids)
@@ -457,26 +463,6 @@ class BertClassifier(ZooModel):
         # cross-entropy against class 0: a fixed training step for tests and benchmarks
         labels = torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
         return self.loss(self(input_ids, attention_mask), labels)
-
-
-def layerwise_param_groups(model: BertClassifier, lr: float, weight_decay: float, decay: float) -> list[dict]:
-    """AdamW groups with layer-wise LR decay (ELECTRA/BEiT recipe): the head and pooler train at `lr`,
-    layer i of L at lr * decay ** (L - i), embeddings at lr * decay ** (L + 1); no weight decay on
-    norms and biases."""
-    L = model.config.layers
-    groups: dict[tuple[float, float], list] = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if name.startswith("bert.embeddings."):
-            depth = L + 1
-        elif name.startswith("bert.layers."):
-            depth = L - int(name.split(".")[2])
-        else:
-            depth = 0
-        key = (lr * decay ** depth, weight_decay if p.dim() >= 2 and "embeddings" not in name else 0.0)
-        groups.setdefault(key, []).append(p)
-    return [{"params": ps, "lr": group_lr, "weight_decay": wd} for (group_lr, wd), ps in groups.items()]
 
 
 @dataclass(frozen=True)

@@ -266,6 +266,11 @@ class EfficientNetV2(ZooModel):
     def checkpoint_blocks(self) -> list[nn.Module]:
         return [block for stage in self.stages for block in stage]
 
+    def depth_groups(self) -> list[tuple[str, list[nn.Module]]]:
+        """Stem, each stage, the 1x1 head convolution, the classifier."""
+        return [("stem", [self.stem]), *((f"stage {i}", [stage]) for i, stage in enumerate(self.stages)),
+                ("head conv", [self.head_conv]), ("head", [self.head])]
+
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         from zoo.accel.checkpointing import checkpointing
         checkpointing(self, "blocks" if enable else "none")

@@ -33,6 +33,11 @@ class TrainConfig:
     min_lr_ratio: float = _flag(0.1, "the schedule decays to lr x this")
     decay_fraction: float = _flag(0.2, "wsd: the last fraction of the steps, in which the rate decays")
     weight_decay: float = _flag(0.05, "AdamW decay (not applied to norms and biases)")
+    layer_decay: float = _flag(1.0, "layer-wise LR decay: a part d groups below the head trains at lr x this^d "
+                                    "(1 = off; families with depth groups: bert_cls, effnetv2_cls)")
+    unfreeze: str | None = _flag(None, "progressive unfreezing, e.g. head@0,top:2@300,all@1000: from each step on, "
+                                       "the head, the head and the K groups under it, or all parts train",
+                                 metavar="SPEC")
     warmup: int = _flag(100, "warm-up optimiser steps (linear)")
     grad_accum: int = _flag(1, "micro-batches accumulated per optimiser step")
     clip: float | None = _flag(1.0, "max global gradient norm (0 disables)")
@@ -121,6 +126,11 @@ class TrainConfig:
             raise ValueError(f"--distill-alpha is a weight in [0, 1], got {self.distill_alpha}")
         if self.distill_temperature <= 0:
             raise ValueError(f"--distill-temperature must be > 0, got {self.distill_temperature}")
+        if not 0.0 < self.layer_decay <= 1.0:
+            raise ValueError(f"--layer-decay is a factor in (0, 1], got {self.layer_decay}")
+        if self.unfreeze is not None:
+            from zoo.train.groups import Unfreezing
+            Unfreezing.parse(self.unfreeze)
         if self.keep_best is not None:
             from zoo.train.best import parse_metric
             parse_metric(self.keep_best)

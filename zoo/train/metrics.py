@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from zoo._io import atomic_write_bytes
+
 log = logging.getLogger(__name__)
 
 
@@ -23,7 +25,8 @@ class MetricsLogger:
         self.out.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.out / "metrics.jsonl"
         self.records = self._read(resume_step)
-        self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in self.records))  # drop records past the resume point
+        # drop records past the resume point; atomically, so a kill now cannot lose the earlier ones
+        atomic_write_bytes(self.jsonl, "".join(json.dumps(r) + "\n" for r in self.records).encode())
         self.tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -34,7 +37,13 @@ class MetricsLogger:
     def _read(self, resume_step: int) -> list[dict]:
         if not self.jsonl.is_file() or resume_step == 0:
             return []
-        records = [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
+        records = []
+        for number, line in enumerate(self.jsonl.read_text().splitlines(), start=1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a process killed mid-write leaves a torn line: the rest is good
+                if line.strip():
+                    log.warning("%s line %d is cut short (a killed run); dropped", self.jsonl, number)
         return [r for r in records if r.get("step", 0) <= resume_step]
 
     def log(self, record: dict[str, Any]) -> None:

@@ -39,6 +39,7 @@ from zoo.train.distill import Distillation
 from zoo.train.checkpoint import claim_run_folder, find_checkpoint, load_checkpoint, save_checkpoint
 from zoo.train.config import TrainConfig
 from zoo.train.distributed import DistContext, fingerprint, init_distributed
+from zoo.train.groups import Unfreezing, depth_param_groups
 from zoo.train.ema import EMA
 from zoo.train.metrics import MetricsLogger, format_metrics
 from zoo.train.schedules import lr_schedule
@@ -144,8 +145,8 @@ class Trainer:
         if cfg.compile:
             zoo_compile(self.plain, mode=cfg.compile_mode or "default")  # in place: keys and methods unchanged
         self.model = ctx.wrap(self.plain, **self._fsdp_options())
-        groups = (task.param_groups(self.plain, cfg) if task.param_groups
-                  else decay_param_groups(self.plain, cfg.weight_decay))
+        self.unfreezing = Unfreezing.parse(cfg.unfreeze) if cfg.unfreeze else None
+        groups = self._param_groups()
         # fused AdamW: one kernel over all parameters instead of a loop per group (a third of a BERT
         # fine-tuning step on CPU was the optimiser); FSDP's DTensor parameters keep the foreach path
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95 if cfg.lr >= 5e-4 else 0.999),
@@ -167,8 +168,13 @@ class Trainer:
             raise ValueError(f"{len(task.train_data)} training examples make no full step of batch "
                              f"{cfg.batch_size} x {ctx.world_size} processes x {cfg.grad_accum} accumulation")
         self.total_steps = cfg.steps if cfg.steps is not None else (cfg.epochs or 0) * self.steps_per_epoch
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(
-            cfg.schedule, min(cfg.warmup, self.total_steps), self.total_steps, cfg.min_lr_ratio, cfg.decay_fraction))
+        factor = lr_schedule(cfg.schedule, min(cfg.warmup, self.total_steps), self.total_steps, cfg.min_lr_ratio,
+                             cfg.decay_fraction)
+        factors = factor
+        if self.unfreezing is not None:  # a frozen group's rate is 0 until its stage begins
+            factors = [lambda step, depth=g["depth"]: factor(step) * self.unfreezing.trains(depth, step)
+                       for g in self.optimizer.param_groups]
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factors)
         self.best = BestTracker.from_flags(cfg.keep_best, cfg.early_stop) if cfg.keep_best else None
         if self.best is not None and task.eval_data is None:
             raise ValueError(f"--keep-best {cfg.keep_best} needs evaluation data to measure it on")
@@ -192,6 +198,45 @@ class Trainer:
         reduce = resolve_dtype(self.device, cfg.fsdp_reduce_dtype) if cfg.fsdp_reduce_dtype else None
         return {"param_dtype": None if param == torch.float32 else param, "reduce_dtype": reduce,
                 "offload": cfg.fsdp_offload}
+
+    def _param_groups(self) -> list[dict]:
+        cfg, task = self.cfg, self.task
+        by_depth = cfg.layer_decay != 1.0 or self.unfreezing is not None
+        if task.param_groups is not None:
+            if by_depth:
+                raise ValueError(f"the {task.name} train script builds its own parameter groups; --layer-decay "
+                                 "and --unfreeze are not available for it")
+            return task.param_groups(self.plain, cfg)
+        if not by_depth:
+            return decay_param_groups(self.plain, cfg.weight_decay)
+        try:
+            groups = depth_param_groups(self.plain, cfg.lr, cfg.weight_decay, cfg.layer_decay)
+        except NotImplementedError as e:
+            raise ValueError(str(e)) from None
+        self._norms_by_depth: dict[int, list[nn.Module]] = {}
+        parts = self.plain.depth_groups()
+        for index, (_, modules) in enumerate(parts):
+            self._norms_by_depth[len(parts) - 1 - index] = [
+                m for module in modules for m in module.modules() if isinstance(m, nn.modules.batchnorm._NormBase)]
+        return groups
+
+    def _hold_frozen_parts(self) -> None:
+        """--unfreeze, before a step's forward: frozen parts' BatchNorm layers keep their statistics; at a new
+        stage, say what trains from now on."""
+        u = self.unfreezing
+        for depth, norms in self._norms_by_depth.items():
+            if not u.trains(depth, self.step):
+                for m in norms:
+                    m.eval()
+        if u.starts_a_stage(self.step) and self.ctx.is_main:
+            names = [g["name"] for g in self.optimizer.param_groups if u.trains(g["depth"], self.step)]
+            log.info("--unfreeze: from step %d training %s", self.step, ", ".join(dict.fromkeys(reversed(names))))
+
+    def _drop_frozen_grads(self) -> None:
+        for group in self.optimizer.param_groups:
+            if not self.unfreezing.trains(group["depth"], self.step):
+                for p in group["params"]:
+                    p.grad = None
 
     # ------------------------------------------------------------------ data
 
@@ -414,6 +459,8 @@ class Trainer:
 
     def _optimizer_step(self) -> float | None:
         """Unscale, clip, step; returns the gradient norm, or None when the step was skipped."""
+        if self.unfreezing is not None:
+            self._drop_frozen_grads()
         self.scaler.unscale_(self.optimizer)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.clip if self.cfg.clip else float("inf"))
@@ -474,6 +521,8 @@ class Trainer:
             micro = 0
             for batch in self.train_loader:
                 batch = _to_device(batch, self.device)
+                if self.unfreezing is not None:
+                    self._hold_frozen_parts()
                 last_micro = (micro + 1) % cfg.grad_accum == 0
                 with ctx.no_sync(self.model) if not last_micro else contextlib.nullcontext():
                     with autocast(self.device, self.amp_dtype, force=True):
