@@ -211,3 +211,52 @@ def test_llama_checkpoint_without_config_json_says_what_to_add(tmp_path):
     (tmp_path / "config.json").unlink()
     with pytest.raises(ValueError, match="config.json"):
         zoo.load("transformer_lm", pretrained=tmp_path)
+
+
+@pytest.mark.parametrize("pad", [17, None], ids=["pad-17", "pad-is-eos"])
+def test_greedy_generation_stops_at_eos_as_transformers_does(pad, tmp_path):
+    """A batch of 2 where one row reaches EOS early: that row is padded (pad_token_id, else the EOS id) while the
+    other runs on to max_new_tokens, token for token as transformers' generate; EOS comes from the checkpoint."""
+    n = 10
+    hf = hf_llama(seed=3, **CONFIGS["gqa-untied"])
+    prompt = ids(batch=2, length=6, seed=4)
+    free = hf.generate(prompt, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)[:, 6:]
+    # EOS := the token row 0 first produces at some step 1 <= step < n - 2, one that row 1 never produces
+    row0, row1 = free.tolist()
+    step = next(k for k in range(1, n - 2) if row0[k] not in row1 + row0[:k])
+    eos = row0[step]
+    assert pad is None or pad not in prompt.tolist()  # else transformers would infer an attention mask from it
+    for config in (hf.config, hf.generation_config):
+        config.eos_token_id, config.pad_token_id = eos, pad
+    hf.save_pretrained(tmp_path)
+    theirs = hf.generate(prompt, max_new_tokens=n, do_sample=False)
+    model = zoo.load("transformer_lm", pretrained=tmp_path)
+    assert (model.config.eos_token_id, model.config.pad_token_id) == (eos, pad)
+    for use_cache in (True, False):
+        ours = model.generate(prompt, n, temperature=0, use_cache=use_cache)
+        assert ours.tolist() == theirs.tolist()
+    assert ours[0, 6 + step].item() == eos and ours[0, 6 + step + 1:].tolist() == [pad or eos] * (n - step - 1)
+    assert ours.shape[1] == 6 + n and ours[1, 6:].tolist() == free[1].tolist()  # row 1 ran to the end
+    # both rows finished: generation ends there (shorter than max_new_tokens), as transformers' does
+    short = hf.generate(prompt[:1], max_new_tokens=n, do_sample=False)
+    assert model.generate(prompt[:1], n, temperature=0).tolist() == short.tolist() and short.shape[1] == 6 + step + 1
+    # eos_token_id=None turns the stop off
+    assert model.generate(prompt, n, temperature=0, eos_token_id=None)[:, 6:].tolist() == free.tolist()
+
+
+def test_generation_stops_at_the_tokenizer_eos_when_the_config_has_none(tmp_path):
+    tok = _tiny_tokenizer(VOCAB)
+    hf = hf_llama(seed=7, **CONFIGS["gqa-untied"], vocab_size=tok.get_vocab_size())
+    hf.save_pretrained(tmp_path)
+    prompt = "to be or not"
+    free = zoo.load("transformer_lm", pretrained=tmp_path)  # no tokenizer yet: no EOS
+    prompt_ids = torch.tensor([tok.encode(prompt).ids])
+    continuation = free.generate(prompt_ids, 8, temperature=0, eos_token_id=None)[0, prompt_ids.shape[1]:].tolist()
+    eos_id = next(t for k, t in enumerate(continuation) if k and t not in continuation[:k])
+    eos_token = tok.id_to_token(eos_id)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]",
+                                         eos_token=eos_token).save_pretrained(tmp_path)
+    model = zoo.load("transformer_lm", pretrained=tmp_path)
+    assert model.config.eos_token_id is None and model.tokenizer.hf.eos_token_id == eos_id
+    out = model.generate(prompt_ids, 8, temperature=0)[0, prompt_ids.shape[1]:].tolist()
+    assert out == continuation[:continuation.index(eos_id) + 1]

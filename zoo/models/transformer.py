@@ -46,8 +46,13 @@ class LMConfig:
     norm_eps: float = 1e-6  # RMSNorm epsilon (LLaMA checkpoints carry theirs as rms_norm_eps; 1e-5 is common)
     tokenizer: str | None = None  # a folder or Hub repo with a tokenizer.json (a LLaMA checkpoint's own);
     # None: the char/byte tokenizer in the weights' preprocessing metadata
+    eos_token_id: int | tuple[int, ...] | None = None  # generate() stops a sequence at it (a LLaMA checkpoint's
+    # generation_config.json / config.json value; several ids as Llama 3 has); None: the tokenizer's, else no stop
+    pad_token_id: int | None = None  # what generate() writes after a sequence's EOS; None: the (first) EOS id
 
     def __post_init__(self):
+        if isinstance(self.eos_token_id, list):  # JSON and transformers configs give lists
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} must be divisible by n_heads {self.n_heads}")
         if self.vocab_size < 2 or self.context < 1:
@@ -134,7 +139,12 @@ class TransformerLM(ZooModel):
         if config_file is None or not config_file.is_file():
             raise ValueError("a Hugging Face LLaMA checkpoint needs its config.json beside the weights "
                              f"(none in {folder}); `LlamaForCausalLM(...).save_pretrained(folder)` writes one")
-        config = _config_from_hf(json.loads(config_file.read_text()), config_file)
+        hf_config = json.loads(config_file.read_text())
+        config = _config_from_hf(hf_config, config_file)
+        # the ids transformers' generate() stops at and pads with: generation_config.json's, else config.json's
+        generation_file = folder / "generation_config.json"
+        special = json.loads(generation_file.read_text()) if generation_file.is_file() else hf_config
+        config["eos_token_id"], config["pad_token_id"] = special.get("eos_token_id"), special.get("pad_token_id")
         if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
             from zoo.data.tokenizers import tokenizer_spec  # a Hub cache snapshot -> owner/repo, else the folder
             config["tokenizer"] = tokenizer_spec(folder)
@@ -192,13 +202,33 @@ class TransformerLM(ZooModel):
             raise ValueError("this model carries no tokenizer (random weights?); pass token ids to generate()")
         return tokenizer_from_spec(spec)
 
+    def _eos_ids(self, eos_token_id) -> tuple[int, ...]:
+        """The ids generate() stops at: the argument, else the config's, else the checkpoint tokenizer's."""
+        if eos_token_id == "auto":
+            eos_token_id = self.config.eos_token_id
+            if eos_token_id is None and self.config.tokenizer is not None:
+                eos_token_id = self.tokenizer.hf.eos_token_id
+        if eos_token_id is None:
+            return ()
+        return (int(eos_token_id),) if isinstance(eos_token_id, int) else tuple(int(i) for i in eos_token_id)
+
     @torch.no_grad()
     def generate(self, prompt: str | Tensor, max_new_tokens: int = 200, *, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 use_cache: bool = True) -> str | Tensor:
-        """Sample a continuation. A str prompt returns str; a (B, T) id tensor returns ids (B, T + new)."""
+                 use_cache: bool = True, eos_token_id: int | list[int] | None | str = "auto",
+                 pad_token_id: int | None = None) -> str | Tensor:
+        """Sample a continuation. A str prompt returns str; a (B, T) id tensor returns ids (B, T + new).
+
+        A sequence that produces an EOS id (`eos_token_id`; "auto": the config's, else the checkpoint tokenizer's,
+        none for the char model; None: never stop) is finished: its later positions get `pad_token_id` (default
+        the config's, else the first EOS id), and generation ends once every sequence has finished, so the
+        result can be shorter than T + max_new_tokens. This is transformers' `generate` rule, token for token."""
         if temperature < 0 or (top_p is not None and not 0 < top_p <= 1) or (top_k is not None and top_k < 1):
             raise ValueError("need temperature >= 0, 0 < top_p <= 1, top_k >= 1")
+        eos = self._eos_ids(eos_token_id)
+        pad = pad_token_id if pad_token_id is not None else self.config.pad_token_id
+        if pad is None and eos:
+            pad = eos[0]
         as_text = isinstance(prompt, str)
         device = self.embed.weight.device
         if as_text:
@@ -212,6 +242,8 @@ class TransformerLM(ZooModel):
         self.eval()
         context = self.config.context
         caches, fed = None, 0  # `fed`: tokens of idx already in the caches
+        eos_t = torch.tensor(eos, device=device, dtype=idx.dtype)
+        unfinished = torch.ones(idx.shape[0], dtype=torch.bool, device=device)
         for _ in range(max_new_tokens):
             if not use_cache:
                 logits = self(idx[:, -context:])[:, -1]
@@ -223,7 +255,13 @@ class TransformerLM(ZooModel):
                     logits, fed = self(keep, caches)[:, -1], keep.shape[1]
                 else:
                     logits, fed = self(idx[:, -1:], caches)[:, -1], fed + 1
-            idx = torch.cat([idx, self._sample(logits.float(), temperature, top_k, top_p, generator)], dim=1)
+            token = self._sample(logits.float(), temperature, top_k, top_p, generator)  # (B, 1)
+            if eos:
+                token = torch.where(unfinished[:, None], token, torch.full_like(token, pad))
+                unfinished &= ~torch.isin(token[:, 0], eos_t)
+            idx = torch.cat([idx, token], dim=1)
+            if eos and not unfinished.any():
+                break
         self.train(was_training)
         return self.tokenizer.decode(idx[0].tolist()) if as_text else idx
 
@@ -320,7 +358,8 @@ def to_hf_state_dict(model: TransformerLM) -> dict[str, Tensor]:
 
 def to_hf_config(config: LMConfig) -> dict:
     """LlamaConfig keyword arguments for `config`: `LlamaForCausalLM(LlamaConfig(**to_hf_config(c)))` takes
-    `to_hf_state_dict(model)`. A sliding window has no LLaMA equivalent and is refused."""
+    `to_hf_state_dict(model)`; the EOS and pad ids travel (None stays None, not LlamaConfig's default 2). A
+    sliding window has no LLaMA equivalent and is refused."""
     if config.window is not None:
         raise ValueError(f"window={config.window}: LLaMA has no sliding-window attention; only full causal "
                          "transformer_lm models convert to LlamaForCausalLM")
@@ -329,7 +368,8 @@ def to_hf_config(config: LMConfig) -> dict:
             "num_key_value_heads": config.n_kv_heads or config.n_heads, "max_position_embeddings": config.context,
             "rope_theta": config.rope_base, "rms_norm_eps": config.norm_eps,
             "tie_word_embeddings": config.tie_embeddings, "hidden_act": "silu", "attention_bias": False,
-            "mlp_bias": False}
+            "mlp_bias": False, "pad_token_id": config.pad_token_id,
+            "eos_token_id": list(config.eos_token_id) if isinstance(config.eos_token_id, tuple) else config.eos_token_id}
 
 
 # ---------------------------------------------------------------------- tokenizer.json
