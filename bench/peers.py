@@ -8,19 +8,18 @@ from __future__ import annotations
 from torch import nn
 
 
-def bert_cls(model) -> tuple[str, nn.Module]:
-    """transformers' BertForSequenceClassification; it takes the same (input_ids, attention_mask)."""
-    from transformers import BertConfig, BertForSequenceClassification
+def bert_cls(model) -> tuple[str, nn.Module] | None:
+    """transformers' own {Bert,Roberta,DistilBert}ForSequenceClassification of the model's arch, built from
+    `to_hf_config` and loaded strictly with `to_hf_state_dict`, so both sides are the same model; it takes the
+    same (input_ids, attention_mask). transformers has no mean pooling: no peer for pooling="mean"."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    from zoo.models.bert import to_hf_state_dict
-    c = model.config
-    hf = BertForSequenceClassification(BertConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden, num_hidden_layers=c.layers, num_attention_heads=c.heads,
-        intermediate_size=c.intermediate, max_position_embeddings=c.max_positions,
-        type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps, num_labels=c.num_classes,
-        hidden_dropout_prob=c.hidden_dropout, attention_probs_dropout_prob=c.attention_dropout)).eval()
-    hf.load_state_dict(to_hf_state_dict(model), strict=False)
-    return "transformers", hf
+    from zoo.models.bert import to_hf_config, to_hf_state_dict
+    if model.config.pooling != "cls":
+        return None
+    hf = AutoModelForSequenceClassification.from_config(AutoConfig.for_model(**to_hf_config(model.config)))
+    hf.load_state_dict(to_hf_state_dict(model), strict=True)
+    return "transformers", hf.eval()
 
 
 def effnetv2_cls(model) -> tuple[str, nn.Module] | None:
