@@ -205,3 +205,17 @@ def test_train_script_under_nccl(corpus, tmp_path, dist):  # noqa: F811
     assert len(losses) == 4 and losses[-1] < losses[0]
     model = zoo.load("transformer_lm", pretrained=out / "model.safetensors")
     assert model.config.dim == 32
+
+
+@pytest.mark.parametrize("flags", [["--fsdp-param-dtype", "bf16", "--fsdp-reduce-dtype", "fp32"],
+                                   ["--fsdp-param-dtype", "fp16", "--fsdp-reduce-dtype", "fp32"],
+                                   ["--fsdp-offload"]])
+def test_fsdp_mixed_precision_and_offload_under_nccl(corpus, tmp_path, flags):  # noqa: F811
+    out = tmp_path / "fsdp"
+    common = [*TINY, "--data", corpus, "--eval-every", "6", "--dropout", "0", "--device", "cuda"]
+    torchrun(1, [*common, "--steps", "6", "--dist", "fsdp", *flags, "--out", str(out)])
+    losses = train_losses(out)
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    saved = zoo.load("transformer_lm", pretrained=out / "model.safetensors")
+    # the masters stay fp32 under a low-precision compute dtype; the saved weights are those masters
+    assert all(p.dtype == torch.float32 for p in saved.parameters())

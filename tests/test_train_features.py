@@ -357,3 +357,63 @@ def test_a_torn_metrics_line_from_a_killed_run_is_dropped_on_resume(tmp_path, ca
     assert logger.records == good[:2]
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [json.dumps(r) for r in good[:2]]
     assert any("line 4 is cut short" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------- stopping and cleaning up
+
+
+def test_a_stop_signal_during_evaluation_checkpoints_at_once_and_resume_evaluates_first(tmp_path):
+    import os
+    import signal
+    flags = dict(steps=4, eval_every=2, warmup=1, batch_size=8, workers=0, keep=5, log_every=1)
+
+    def task_signalling_at(batch_number):
+        task = tiny_task()
+        inner, calls = task.eval_step, {"n": 0}
+
+        def eval_step(m, b):
+            calls["n"] += 1
+            if calls["n"] == batch_number:  # the 2nd batch of the step-2 evaluation (8 batches each)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return inner(m, b)
+        task.eval_step = eval_step
+        return task, calls
+
+    torch.manual_seed(0)
+    straight = Trainer(TrainConfig(out=str(tmp_path / "straight"), **flags), tiny_task(), CPU)
+    straight.fit()
+    torch.manual_seed(0)
+    task, calls = task_signalling_at(2)
+    stopped = Trainer(TrainConfig(out=str(tmp_path / "stopped"), **flags), task, CPU)
+    with pytest.raises(SystemExit) as exit_info:
+        stopped.fit()
+    assert exit_info.value.code == 128 + signal.SIGTERM
+    assert calls["n"] == 2, "the evaluation must stop at the next batch, not run to its end"
+    assert stopped.step == 2 and (tmp_path / "stopped" / "ckpt-00000002").is_dir()
+    torch.manual_seed(0)
+    resumed = Trainer(TrainConfig(out=str(tmp_path / "stopped"), resume="auto", **flags), tiny_task(), CPU)
+    resumed.load_checkpoint(tmp_path / "stopped" / "ckpt-00000002")
+    assert resumed.eval_pending
+    resumed.fit()
+
+    def records(name):
+        return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    strip = [{k: v for k, v in r.items() if k != "samples_per_s"} for r in records("straight")]
+    assert [{k: v for k, v in r.items() if k != "samples_per_s"} for r in records("stopped")] == strip
+    for a, b in zip(params(straight.plain), params(resumed.plain)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_what_killed_writers_left_is_removed_when_a_run_starts(corpus, tmp_path):  # noqa: F811
+    from zoo.train.checkpoint import remove_stale_temporaries
+    out = tmp_path / "lm"
+    out.mkdir()
+    (out / ".tmp-ckpt-00000005").mkdir()
+    (out / ".tmp-ckpt-00000005" / "__0_0.distcp").write_bytes(b"x" * 1000)
+    (out / ".model.safetensors.k3j2.tmp").write_bytes(b"half")
+    (out / "notes.tmp").write_text("the user's own file")
+    result = run([*TINY, "--data", corpus, "--steps", "2", "--out", str(out), "--resume"])
+    assert "removed what killed writers left" in result.stderr
+    assert sorted(p.name for p in out.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".tmp")) == \
+        ["notes.tmp"]
+    assert remove_stale_temporaries(out) == []

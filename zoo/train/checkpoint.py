@@ -104,6 +104,22 @@ def claim_run_folder(out: str | Path, *, overwrite: bool, is_main: bool) -> None
                                             ", ".join(p.name for p in found), out)
 
 
+def remove_stale_temporaries(out: str | Path) -> list[str]:
+    """Before a run (new or resumed) writes into `out`: delete what killed writers left, half-written checkpoint
+    folders (.tmp-ckpt-*, each as large as a checkpoint) and atomic writes' temporary files (.NAME.*.tmp)
+    of the run's own files. Returns the names removed."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    own = RUN_FILES + ("best-",)
+    stale = [p for p in out.iterdir()
+             if p.name.startswith(f".tmp-{PREFIX}")
+             or (p.name.endswith(".tmp") and p.name.startswith(tuple(f".{name}" for name in own)))]
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    return [p.name for p in stale]
+
+
 def save_checkpoint(out: str | Path, step: int, app_state: dict[str, Any], trainer_state: dict[str, Any],
                     ctx, keep: int) -> Path:
     """Collective under DDP/FSDP: every rank calls it. Returns the final folder."""

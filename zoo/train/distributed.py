@@ -136,6 +136,14 @@ def init_distributed(mode: str, device_spec: str = "auto") -> DistContext:
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30),
+        timeout = datetime.timedelta(minutes=30)
+        # Under torchrun --max-restarts the workers of every restart meet in the agent's one store, where the
+        # previous attempt's process-group keys are still there: a worker of the new attempt can read its dead
+        # peer's address and fail with gloo's "connectFullMesh failed ... Connection refused" (seen in 2 of 5
+        # trials). A prefix per attempt gives each its own keys.
+        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"zoo/attempt_{attempt}", store), rank=rank,
+                                world_size=world, timeout=timeout,
                                 **({"device_id": device} if device.type == "cuda" else {}))
     return DistContext(mode, device, rank, world, local_rank)

@@ -36,7 +36,8 @@ from zoo.accel.compile import compile as zoo_compile
 from zoo.models.base import ZooModel
 from zoo.train.best import BestTracker, best_file, best_files
 from zoo.train.distill import Distillation
-from zoo.train.checkpoint import claim_run_folder, find_checkpoint, load_checkpoint, save_checkpoint
+from zoo.train.checkpoint import (claim_run_folder, find_checkpoint, load_checkpoint, remove_stale_temporaries,
+                                  save_checkpoint)
 from zoo.train.config import TrainConfig
 from zoo.train.distributed import DistContext, fingerprint, init_distributed
 from zoo.train.groups import Unfreezing, depth_param_groups
@@ -180,6 +181,7 @@ class Trainer:
             raise ValueError(f"--keep-best {cfg.keep_best} needs evaluation data to measure it on")
         self._best_at_checkpoint: int | None = None  # the best step the newest checkpoint refers to
         self.stopped_early_at: int | None = None
+        self.eval_pending = False  # this step's evaluation was abandoned for a stop signal: run it on resume
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.skipped_steps = 0
         self.nonfinite_losses = 0  # micro-batches whose loss was inf/NaN (without fp16 scaling)
@@ -299,7 +301,7 @@ class Trainer:
                          "world_size": self.ctx.world_size, "skipped_steps": self.skipped_steps,
                          "train_time_s": self._train_time(),
                          "best": self.best.state_dict() if self.best else None,
-                         "stopped_early_at": self.stopped_early_at,
+                         "stopped_early_at": self.stopped_early_at, "eval_pending": self.eval_pending,
                          "config": {k: v for k, v in vars(self.cfg).items() if k != "extra"}}
         path = save_checkpoint(self.out, self.step, self._app_state(), trainer_state, self.ctx, self.cfg.keep)
         if self.ctx.is_main:
@@ -325,6 +327,7 @@ class Trainer:
         self.skipped_steps = trainer_state.get("skipped_steps", 0)
         self.train_time = trainer_state.get("train_time_s", 0.0)  # checkpoints before it was kept: unknown
         self.stopped_early_at = trainer_state.get("stopped_early_at")
+        self.eval_pending = trainer_state.get("eval_pending", False)
         if self.best is not None:
             self._resume_best(trainer_state.get("best"), path)
         same_world = trainer_state["world_size"] == self.ctx.world_size
@@ -409,13 +412,19 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, Any]:
+    def evaluate(self, interruptible: bool = False) -> dict[str, Any] | None:
+        """The task's metrics on the evaluation data. `interruptible`: a stop signal (on any rank) abandons
+        the evaluation between batches and returns None, so a run asked to stop checkpoints within a batch's
+        time instead of finishing a long evaluation into the cluster's SIGKILL."""
         if self.task.eval_data is None:
             return {}
         self.model.eval()
         sums: dict[str, Tensor] = {}
         with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
             for batch, counted in self._eval_batches():
+                if interruptible and self._should_stop():
+                    self.model.train()
+                    return None
                 batch = _to_device(batch, self.device)
                 with autocast(self.device, self.amp_dtype, force=True):
                     part = self.task.eval_step(self.model, batch)
@@ -514,6 +523,8 @@ class Trainer:
         window_loss, window_n, window_samples, t0 = torch.zeros((), dtype=torch.float64), 0, 0, time.perf_counter()
         norms: list[float] = []  # gradient norms (before clipping) of the window's steps
         self.model.train()
+        if self.eval_pending:  # the checkpoint was saved in place of this evaluation: it comes first
+            self._evaluate_step(metrics, bar, done=self.step == self.total_steps)
         while self.step < self.total_steps and self.stopped_early_at is None:
             self.sampler.set_epoch(self.epoch)
             self.loader_rng.manual_seed(cfg.seed * 100_003 + self.epoch * 1009 + ctx.rank)
@@ -560,13 +571,7 @@ class Trainer:
                     norms = []
                 done = self.step == self.total_steps
                 if eval_every and (self.step % eval_every == 0 or done):
-                    self._eval_and_log(metrics, bar)
-                    if self.best is not None and self.best.should_stop and not done:
-                        self.stopped_early_at, done = self.step, True
-                        if ctx.is_main:
-                            log.info("--early-stop: %d evaluations without a better %s (best %s at step %d); "
-                                     "stopping at step %d", self.best.evals_since_best, self.best.metric,
-                                     self.best.value, self.best.step, self.step)
+                    done = self._evaluate_step(metrics, bar, done)
                 stop = self._should_stop()
                 if (save_every and self.step % save_every == 0) or done or stop:
                     self.save_checkpoint()
@@ -598,10 +603,30 @@ class Trainer:
                 f"(fingerprints in {self.out / 'replicas.json'}). The gradients were not all-reduced: the task's "
                 "loss must run through the wrapped model's forward (`model(...)`), not a method of the unwrapped one")
 
-    def _eval_and_log(self, metrics: MetricsLogger | None, bar) -> None:
+    def _evaluate_step(self, metrics: MetricsLogger | None, bar, done: bool) -> bool:
+        """The evaluation after a step; returns whether training is done (the last step, or --early-stop)."""
+        self.eval_pending = not self._eval_and_log(metrics, bar)
+        if self.eval_pending:
+            if self.ctx.is_main:
+                log.warning("stop signal: the evaluation of step %d is abandoned; --resume runs it first", self.step)
+            return done
+        if self.best is not None and self.best.should_stop and not done:
+            self.stopped_early_at = self.step
+            if self.ctx.is_main:
+                log.info("--early-stop: %d evaluations without a better %s (best %s at step %d); stopping at "
+                         "step %d", self.best.evals_since_best, self.best.metric, self.best.value, self.best.step,
+                         self.step)
+            return True
+        return done
+
+    def _eval_and_log(self, metrics: MetricsLogger | None, bar) -> bool:
+        """Evaluate, keep the best, log; False when a stop signal abandoned the evaluation."""
         if self.task.eval_data is None:
-            return
-        self.last_eval = self.evaluate()
+            return True
+        evaluated = self.evaluate(interruptible=True)
+        if evaluated is None:
+            return False
+        self.last_eval = evaluated
         if self.best is not None:
             self._keep_if_best(self.last_eval)
         if self.ctx.is_main:
@@ -612,6 +637,7 @@ class Trainer:
             self.model.eval()
             self.task.after_eval(self.plain, self.last_eval, self.out, self.ctx.is_main)
             self.model.train()
+        return True
 
     # ------------------------------------------------------------------ final weights
 
@@ -755,7 +781,11 @@ def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str
     try:
         if not (cfg.resume or cfg.eval_only or cfg.profile):  # a new run: never into another run's folder
             claim_run_folder(cfg.out, overwrite=cfg.overwrite, is_main=ctx.is_main)
-            ctx.barrier()
+        if ctx.is_main and not (cfg.eval_only or cfg.profile):
+            removed = remove_stale_temporaries(cfg.out)
+            if removed:
+                log.info("removed what killed writers left in %s: %s", cfg.out, ", ".join(removed))
+        ctx.barrier()
         seed_everything(cfg.seed)  # same initial weights on every rank
         task = build_task(cfg)
         trainer = Trainer(cfg, task, ctx)
