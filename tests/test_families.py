@@ -1,7 +1,9 @@
 """The conformance battery: every registered family, at a tiny config in fp32, against the shared machinery.
 
 Parametrised over `zoo.list_models()`, so a new family runs all of it as soon as it registers, and fails at
-once (with what to add) until this file has its tiny config, its sample inputs and its train-script flags:
+once (with what to add) until this file has its tiny config, its sample inputs and its train-script flags.
+A family whose config switches between architectures or heads lists further tiny configs in VARIANTS; each
+runs the model-level checks below (all but predict and DDP) as its own case, `<family>-<variant>`:
 
     save -> load round trip          zoo.save to a file, zoo.load(name, pretrained=path): identical outputs
     state-dict keys                  against tests/golden/<name>.keys (key and shape per line; a renamed
@@ -62,6 +64,20 @@ TINY: dict[str, dict] = {
                            timesteps=50, dropout=0.0, class_dropout=0.0),
 }
 
+# further tiny configs of a family, each its own case `<family>-<variant>` (config overrides on top of TINY) in
+# the model-level checks (weights, contract, compile, export, checkpointing, precision, quantize; predict and
+# DDP run the default config only), with its own golden key list tests/golden/<family>-<variant>.keys: the
+# architectures and heads one config field switches between, which share no code path a default run covers
+VARIANTS: dict[str, dict[str, dict]] = {
+    "bert_cls": {
+        # RoBERTa's positions after pad_token_id + 1 and one token type; a one-output regression head (MSE)
+        "roberta_regression": dict(arch="roberta", num_classes=1),
+        # DistilBERT: no token types, pre_classifier for the pooler; sigmoid + BCE multi-label head
+        "distilbert_multilabel": dict(arch="distilbert", problem="multi_label"),
+    },
+}
+CASES = FAMILIES + [f"{name}-{variant}" for name in FAMILIES for variant in VARIANTS.get(name, {})]
+
 # keyword arguments of example_inputs(batch, ...) beside the batch: small shapes
 EXAMPLE: dict[str, dict] = {
     "bert_cls": dict(length=8),
@@ -84,14 +100,16 @@ def _entry(table: dict, table_name: str, name: str):
 
 
 def build(name: str, **overrides) -> torch.nn.Module:
-    """The family's tiny model with deterministic, non-trivial weights, in eval mode.
+    """The family's (or a VARIANTS case's) tiny model with deterministic, non-trivial weights, in eval mode.
 
     Zero-initialised layers (diffusion_unet's output conv, residual branches) would make outputs constant
     and every comparison vacuous, so each floating tensor gets seeded noise; BatchNorm variances stay positive.
     """
-    config = {**_entry(TINY, "TINY", name), **overrides}
+    family = name.partition("-")[0]
+    _entry(TINY, "TINY", family)
+    config = {**build_config(name), **overrides}
     torch.manual_seed(0)
-    model = zoo.load(name, **config)
+    model = zoo.load(family, **config)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for key, t in model.state_dict().items():
@@ -102,6 +120,12 @@ def build(name: str, **overrides) -> torch.nn.Module:
             else:
                 t.add_(0.1 * torch.randn(t.shape, generator=g))
     return model.eval()
+
+
+def build_config(name: str) -> dict:
+    """The tiny config of a family, or of a VARIANTS case `family-variant`."""
+    name, _, variant = name.partition("-")
+    return {**TINY.get(name, {}), **(VARIANTS[name][variant] if variant else {})}
 
 
 def inputs(model, batch: int) -> tuple:
@@ -164,32 +188,34 @@ def test_every_family_has_battery_entries(families=FAMILIES):
     missing = [f"{table}[{name!r}]" for table, entries in tables.items() for name in families if name not in entries]
     assert not missing, ("registered families without a conformance-battery entry in tests/test_families.py: "
                          + ", ".join(missing))
-    stale = [f"{table}[{name!r}]" for table, entries in tables.items() for name in entries if name not in families]
+    stale = [f"{table}[{name!r}]" for table, entries in {**tables, "VARIANTS": VARIANTS}.items() for name in entries
+             if name not in families]
     assert not stale, f"entries for families that are not registered: {', '.join(stale)}"
 
 
 # ---------------------------------------------------------------------------------------------- weights
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", CASES)
 def test_save_load_round_trip_gives_identical_outputs(name, tmp_path):
     model = build(name)
     x = inputs(model, BATCH)
     path = tmp_path / f"{name}.safetensors"
     zoo.save(model, path)
-    loaded = zoo.load(name, pretrained=path)
+    family = name.partition("-")[0]
+    loaded = zoo.load(family, pretrained=path)
     assert type(loaded) is type(model) and loaded.config == model.config
-    assert loaded.pretrained_meta is not None and loaded.pretrained_meta.model == name
+    assert loaded.pretrained_meta is not None and loaded.pretrained_meta.model == family
     assert list(loaded.state_dict()) == list(model.state_dict())
     for key, t in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], t), f"{key} changed in the round trip"
     assert torch.equal(run_eval(loaded, x), run_eval(model, x))
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", CASES)
 def test_state_dict_keys_match_golden(name):
     lines = [shape_line(k, t) for k, t in build(name).state_dict().items()]
     path = GOLDEN / f"{name}.keys"
-    regenerate = f"ZOO_UPDATE_GOLDEN=1 pytest -q tests/test_families.py -k 'golden and {name}'"
+    regenerate = f"ZOO_UPDATE_GOLDEN=1 pytest -q tests/test_families.py -k 'golden and {name}'"  # and its variants
     if os.environ.get("ZOO_UPDATE_GOLDEN") == "1":
         GOLDEN.mkdir(exist_ok=True)
         path.write_text("\n".join(lines) + "\n")
@@ -205,7 +231,7 @@ def test_state_dict_keys_match_golden(name):
         reshaped = [f"{want_keys[k]} -> {got_keys[k].split(' ', 1)[1]}" for k in want_keys
                     if k in got_keys and want_keys[k] != got_keys[k]]
         pytest.fail(
-            f"{name}'s state-dict keys changed against {path.relative_to(ROOT)} (tiny config {TINY[name]}).\n"
+            f"{name}'s state-dict keys changed against {path.relative_to(ROOT)} (tiny config {build_config(name)}).\n"
             f"  keys gone ({len(gone)}): {gone[:20]}\n  keys new ({len(new)}): {new[:20]}\n"
             f"  shapes changed ({len(reshaped)}): {reshaped[:20]}\n"
             + ("  (same keys, other order)\n" if not (gone or new or reshaped) else "")
@@ -214,7 +240,7 @@ def test_state_dict_keys_match_golden(name):
             pytrace=False)
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", CASES)
 def test_contract_hooks(name):
     model = build(name)
     assert dataclasses.is_dataclass(model.config) and type(model.config).__dataclass_params__.frozen
@@ -248,7 +274,7 @@ def test_new_num_classes_gets_a_finite_fresh_head(name, saved):
 
 # ---------------------------------------------------------------------------------------------- compile
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", CASES)
 def test_compile_has_no_graph_breaks_and_no_recompile_across_batch_sizes(name):
     from torch._dynamo.utils import counters
     model = build(name)
@@ -303,7 +329,7 @@ def exported(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", CASES)
 def test_onnx_export_equals_eager_at_another_batch(name, exported):
     pytest.importorskip("onnxruntime")
     model, onnx, _ = exported(name)
@@ -313,7 +339,7 @@ def test_onnx_export_equals_eager_at_another_batch(name, exported):
     accel.check_onnx(onnx, model, inputs(model, OTHER_BATCH), atol=1e-4, rtol=1e-3)
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", CASES)
 def test_torch_export_program_saved_and_loaded_equals_eager_at_another_batch(name, exported, tmp_path):
     model, _, program = exported(name)
     path = tmp_path / f"{name}.pt2"
@@ -327,7 +353,7 @@ def test_torch_export_program_saved_and_loaded_equals_eager_at_another_batch(nam
 
 # ---------------------------------------------------------------------------------------------- checkpointing
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", CASES)
 def test_activation_checkpointing_gives_identical_gradients(name):
     from zoo.accel.checkpointing import checkpointed_modules
     model = build(name).train()
@@ -361,7 +387,7 @@ def test_activation_checkpointing_gives_identical_gradients(name):
 
 # ---------------------------------------------------------------------------------------------- precision
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", CASES)
 def test_bf16_cast_and_autocast_run(name):
     # tiny inputs: on a CPU without native bf16 these run emulated (~100x slower than fp32), so batch 1
     model = build(name)
@@ -391,7 +417,7 @@ def test_quantize_table_lists_every_method():
 
 
 @pytest.mark.parametrize("label", QUANTIZE)
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", CASES)
 def test_quantize_works_or_says_why_not(name, label):
     method, options = QUANTIZE[label]
     model = build(name)

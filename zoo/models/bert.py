@@ -460,9 +460,12 @@ class BertClassifier(ZooModel):
         return ids, torch.ones_like(ids)
 
     def example_loss(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        # cross-entropy against class 0: a fixed training step for tests and benchmarks
-        labels = torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
-        return self.loss(self(input_ids, attention_mask), labels)
+        # the problem's loss against a fixed target (class 0; zero values; no label on): a training step for
+        # tests and benchmarks
+        logits = self(input_ids, attention_mask)
+        labels = (torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+                  if self.config.problem == "single_label" else torch.zeros_like(logits))
+        return self.loss(logits, labels)
 
 
 @dataclass(frozen=True)
