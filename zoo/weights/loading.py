@@ -33,7 +33,10 @@ def load_state_dict_into(model: torch.nn.Module, state_dict: dict[str, torch.Ten
     shapes = [f"{k} (checkpoint {tuple(state_dict[k].shape)}, model {tuple(own[k].shape)})" for k in mismatched]
     problems = key_problems(missing=missing, unexpected=unexpected, **{"mis-shaped": shapes})
     if problems:
-        hint = " Pass num_classes=... to re-initialise the head." if any(map(in_head, mismatched)) else ""
+        hint = (" Pass num_classes=... to re-initialise the head." if any(map(in_head, mismatched)) else
+                f" {type(model).__name__} loads a file zoo.save wrote (its config travels in the metadata), its own "
+                "keys without metadata when the config it was saved with is passed to zoo.load as overrides "
+                "(zoo.load(name, pretrained=path, **config)), or a foreign layout its convert_foreign converts")
         raise WeightsError(f"weights {source} do not fit {type(model).__name__}: {problems}.{hint}")
     if skipped:
         warnings.warn(f"{type(model).__name__}: head re-initialised (new num_classes, or no head in the "
