@@ -418,3 +418,8 @@ def test_what_killed_writers_left_is_removed_when_a_run_starts(corpus, tmp_path)
     assert sorted(p.name for p in out.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".tmp")) == \
         ["notes.tmp"]
     assert remove_stale_temporaries(out) == []
+
+
+def test_too_few_examples_for_one_batch_says_which_batch_size_fits(tmp_path):
+    with pytest.raises(ValueError, match="64 training examples make no full step .* give --batch-size 64 or less"):
+        Trainer(TrainConfig(steps=1, batch_size=100, out=str(tmp_path), workers=0), tiny_task(), CPU)

@@ -166,8 +166,10 @@ class Trainer:
         self.train_loader = self._train_loader() if task.train_data is not None else None
         self.steps_per_epoch = (len(self.train_loader.batch_sampler) // cfg.grad_accum) if self.train_loader else 0
         if self.train_loader is not None and self.steps_per_epoch == 0:
+            fit = len(task.train_data) // (ctx.world_size * cfg.grad_accum)
             raise ValueError(f"{len(task.train_data)} training examples make no full step of batch "
-                             f"{cfg.batch_size} x {ctx.world_size} processes x {cfg.grad_accum} accumulation")
+                             f"{cfg.batch_size} x {ctx.world_size} processes x {cfg.grad_accum} accumulation: "
+                             + (f"give --batch-size {fit} or less" if fit else "give more training data"))
         self.total_steps = cfg.steps if cfg.steps is not None else (cfg.epochs or 0) * self.steps_per_epoch
         factor = lr_schedule(cfg.schedule, min(cfg.warmup, self.total_steps), self.total_steps, cfg.min_lr_ratio,
                              cfg.decay_fraction)
