@@ -111,3 +111,39 @@ def tiny_shipped(tiny, tmp_path, monkeypatch):
     monkeypatch.setitem(registry._REGISTRY, tiny, registry.ModelEntry(
         entry.name, entry.model_cls, entry.config_cls, {"v1": "tiny.v1.safetensors"}, "v1", entry.description))
     return model, weights_dir
+
+
+class OfflineHub:
+    """A local folder laid out as huggingface_hub's cache (blobs, snapshots/<commit>, refs/main), with the Hub
+    client set offline onto it: hf:// URIs resolve without a network, through the real Hub code."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def publish(self, repo_id: str, files, commit: str = "1" * 40) -> None:
+        """`files`: a folder (its files, e.g. what save_pretrained wrote) or {name: bytes}."""
+        import hashlib
+        import os
+        if not isinstance(files, dict):
+            files = {f.name: f.read_bytes() for f in files.iterdir()}
+        root = self.cache / f"models--{repo_id.replace('/', '--')}"
+        (root / "refs").mkdir(parents=True)
+        (root / "refs" / "main").write_text(commit)
+        for name, data in files.items():
+            blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            blob.write_bytes(data)
+            link = root / "snapshots" / commit / name
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+    import huggingface_hub.constants as constants
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # read at import: the environment is too late
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return OfflineHub(cache)

@@ -4,7 +4,6 @@
 torch.compile / DDP key prefixes."""
 import json
 import logging
-import os
 import warnings
 
 import pytest
@@ -147,32 +146,10 @@ def test_sharded_safetensors_and_bin(tmp_path):
         zoo.load("bert_cls", pretrained=folder)
 
 
-def _hub_cache(cache, repo_id, folder, commit="1" * 40):
-    """The folder laid out as huggingface_hub's cache: blobs, snapshots/<commit>, refs/main."""
-    import hashlib
-    root = cache / f"models--{repo_id.replace('/', '--')}"
-    (root / "refs").mkdir(parents=True)
-    (root / "refs" / "main").write_text(commit)
-    for file in folder.iterdir():
-        data = file.read_bytes()
-        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = root / "snapshots" / commit / file.name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-
-
-def test_hub_uri_offline_from_local_cache_sharded(tmp_path, monkeypatch):
+def test_hub_uri_offline_from_local_cache_sharded(tmp_path, offline_hub):
     hf = hf_model("BertForPreTraining", seed=8)
     hf.save_pretrained(tmp_path / "saved", max_shard_size="50KB")
-    cache = tmp_path / "hub"
-    _hub_cache(cache, "someone/tiny-bert", tmp_path / "saved")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    import huggingface_hub.constants as c
-    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+    offline_hub.publish("someone/tiny-bert", tmp_path / "saved")
     model, _ = load_quietly("hf://someone/tiny-bert", num_classes=3)
     assert_same_encoder(model, hf)
     assert model.config.tokenizer == "someone/tiny-bert"  # portable: the repo id, not the cache path

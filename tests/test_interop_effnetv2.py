@@ -297,21 +297,14 @@ def test_timm_layout_both_ways(b0_file):
         torch.testing.assert_close(fresh(ODD), tm(ODD))
 
 
-def test_timm_hub_uri_offline(tmp_path, monkeypatch):
+def test_timm_hub_uri_offline(tmp_path, offline_hub):
     """hf://timm/<name>: timm's own save_for_hf folder (model.safetensors + config.json naming the
     architecture) in a local Hub cache."""
     timm = pytest.importorskip("timm")
-    from .test_interop_bert import _hub_cache
     tm = timm_model("tf_efficientnetv2_b0", seed=13, num_classes=6)
     timm.models.save_for_hf(tm, tmp_path / "saved", safe_serialization=True)
     assert (tmp_path / "saved" / "model.safetensors").is_file()
-    cache = tmp_path / "hub"
-    _hub_cache(cache, "timm/tf_efficientnetv2_b0.test", tmp_path / "saved")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    import huggingface_hub.constants as c
-    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+    offline_hub.publish("timm/tf_efficientnetv2_b0.test", tmp_path / "saved")
     model = zoo.load("effnetv2_cls", pretrained="hf://timm/tf_efficientnetv2_b0.test")
     assert (model.config.variant, model.config.num_classes, model.config.padding) == ("b0", 6, "same")
     with torch.no_grad():

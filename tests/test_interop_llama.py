@@ -10,7 +10,6 @@ import torch
 import zoo
 from zoo.models.transformer import to_hf_config, to_hf_state_dict
 
-from .test_interop_bert import _hub_cache  # a folder laid out as huggingface_hub's cache
 
 transformers = pytest.importorskip("transformers")
 
@@ -151,19 +150,13 @@ def test_zoo_save_of_a_llama_keeps_its_tokenizer(tmp_path):
     assert again.generate("the king", 5, temperature=0) == model.generate("the king", 5, temperature=0)
 
 
-def test_hub_uri_offline_with_tokenizer(tmp_path, monkeypatch):
+def test_hub_uri_offline_with_tokenizer(tmp_path, offline_hub):
     hf = hf_llama(seed=8, **CONFIGS["gqa-tied"])
     hf.save_pretrained(tmp_path / "saved", max_shard_size="20KB")  # sharded: model.safetensors.index.json
     assert (tmp_path / "saved" / "model.safetensors.index.json").is_file()
     tok = _tiny_tokenizer(VOCAB)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path / "saved")
-    cache = tmp_path / "hub"
-    _hub_cache(cache, "someone/tiny-llama", tmp_path / "saved")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    import huggingface_hub.constants as c
-    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+    offline_hub.publish("someone/tiny-llama", tmp_path / "saved")
     model = zoo.load("transformer_lm", pretrained="hf://someone/tiny-llama")
     assert model.config.tokenizer == "someone/tiny-llama"  # portable: the repo id, not the cache path
     assert_same_logits(model, hf)

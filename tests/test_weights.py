@@ -173,36 +173,10 @@ def test_parse_hub_uri():
         parse_hub_uri("hf://justone")
 
 
-def _fake_hub_cache(cache, repo_id, files: dict[str, bytes], commit="0" * 40):
-    """Lay out files as huggingface_hub's cache does: blobs, snapshots/<commit>, refs/main."""
-    import hashlib
-    root = cache / f"models--{repo_id.replace('/', '--')}"
-    (root / "refs").mkdir(parents=True)
-    (root / "refs" / "main").write_text(commit)
-    for name, data in files.items():
-        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = root / "snapshots" / commit / name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-
-
-@pytest.fixture
-def offline_hub(tmp_path, monkeypatch):
-    cache = tmp_path / "hub"
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    import huggingface_hub.constants as c
-    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
-    return cache
-
-
 def test_hub_loading_from_local_cache_offline(tiny, tmp_path, offline_hub):
     model = zoo.load(tiny)
     folder = zoo.save_pretrained(model, tmp_path / "export")
-    _fake_hub_cache(offline_hub, "someone/tiny", {"model.safetensors": (folder / "model.safetensors").read_bytes(),
+    offline_hub.publish("someone/tiny", {"model.safetensors": (folder / "model.safetensors").read_bytes(),
                                                    "README.md": b"# tiny"})
     assert torch.equal(zoo.load(tiny, pretrained="hf://someone/tiny")(X), model(X))
     assert torch.equal(zoo.load(tiny, pretrained="hf://someone/tiny/model.safetensors")(X), model(X))
