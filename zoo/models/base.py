@@ -29,7 +29,12 @@ Set by zoo, not by the family: `zoo_name` (registration), `pretrained_meta` and 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+import dataclasses
+import functools
+import re
+import types
+import typing
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 from torch import Tensor, nn
 
@@ -38,7 +43,7 @@ if TYPE_CHECKING:
 
     from zoo.weights import WeightsMeta
 
-__all__ = ["ZooModel", "REQUIRED_HOOKS", "check_contract", "unwrap"]
+__all__ = ["ZooModel", "REQUIRED_HOOKS", "check_contract", "check_config", "check_range", "unwrap"]
 
 REQUIRED_HOOKS = ("example_inputs", "checkpoint_blocks")
 
@@ -128,3 +133,101 @@ def unwrap(model: nn.Module) -> nn.Module:
         else:
             return model
 
+
+
+# ------------------------------------------------------------------ config validation
+
+_RANGE = re.compile(r"^\s*(?:(>=|>|<=|<)\s*(\S+)|([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])]))\s*$")
+
+
+def check_config(config: Any, **ranges: str) -> None:
+    """Raise ValueError unless every field of the dataclass `config` has its annotated type (an int field takes no
+    bool, float or str; a float field takes an int; a tuple field a tuple of its item type; a Literal one of its
+    values) and each field named in `ranges` is in its range, given as ">= 1", "> 0" or "[0, 1)" and applied to
+    every item of a tuple. Lists become tuples (JSON gives lists). The message names the field, the value and what
+    is allowed. Call it first in a config's __post_init__, before presets fill fields left as None."""
+    hints = _config_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, list):
+            value = tuple(value)
+            object.__setattr__(config, f.name, value)
+        kind = hints.get(f.name)
+        if kind is not None and _describe(kind) is not None and not _is_a(value, kind):
+            raise ValueError(f"{f.name} must be {_describe(kind)}, got {value!r} ({type(value).__name__})")
+        if f.name in ranges and value is not None:
+            check_range(f.name, value, ranges[f.name])
+    unknown = set(ranges) - {f.name for f in dataclasses.fields(config)}
+    if unknown:
+        raise TypeError(f"check_config: {type(config).__name__} has no field(s) {', '.join(sorted(unknown))}")
+
+
+@functools.lru_cache(maxsize=None)
+def _config_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_a(value: Any, kind: Any) -> bool:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is type(None):
+        return value is None
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is str:
+        return isinstance(value, str)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_a(value, arg) for arg in args)
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_is_a(v, args[0]) for v in value)
+        return len(args) == len(value) and all(_is_a(v, a) for v, a in zip(value, args))
+    return isinstance(value, kind) if isinstance(kind, type) else True
+
+
+def _describe(kind: Any) -> str | None:
+    """What `kind` allows, in words; None for a type the check does not know (left unchecked)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    names = {type(None): "None", bool: "True or False", int: "an int", float: "a number", str: "a string"}
+    if kind in names:
+        return names[kind]
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin in (typing.Union, types.UnionType):
+        parts = [_describe(arg) for arg in args]
+        return None if None in parts else " or ".join(parts)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = _describe(args[0])
+        return None if item is None else f"a tuple of {item.removeprefix('an ').removeprefix('a ')}s"
+    return None
+
+
+def check_range(name: str, value: Any, spec: str) -> None:
+    """Raise ValueError naming `name` unless `value` (every item of a tuple) is in the range `spec` (">= 1",
+    "> 0", "[0, 1)", ...)."""
+    allowed, ok = _in_range(spec)
+    items = value if isinstance(value, tuple) else (value,)
+    if not all(ok(v) for v in items):
+        what = f"every item of {name}" if isinstance(value, tuple) else name
+        raise ValueError(f"{what} must be {allowed}, got {value!r}")
+
+
+def _in_range(spec: str) -> tuple[str, Callable[[float], bool]]:
+    m = _RANGE.match(spec)
+    if m is None:
+        raise TypeError(f"check_config: range {spec!r} is not '>= a', '> a', '<= a', '< a' or '[a, b)'")
+    op, bound, left, low, high, right = m.groups()
+    if op:
+        b = float(bound)
+        test = {">=": lambda v: v >= b, ">": lambda v: v > b, "<=": lambda v: v <= b, "<": lambda v: v < b}[op]
+        return f"{op} {bound}", test
+    lo, hi = float(low), float(high)
+    return (f"in {left}{low}, {high}{right}",
+            lambda v: (v >= lo if left == "[" else v > lo) and (v <= hi if right == "]" else v < hi))

@@ -20,7 +20,7 @@ from zoo.blocks.diffusion import (DDIMSampler, DDPMSampler, DPMSolverPP2M, Noise
                                   diffusion_loss, sample)
 from zoo.blocks.embeddings import timestep_embedding
 from zoo.blocks.layers import Dropout
-from zoo.models.base import ZooModel
+from zoo.models.base import ZooModel, check_config
 from zoo.registry import register_model
 
 __all__ = ["DiffusionConfig", "DiffusionUNet"]
@@ -43,6 +43,11 @@ class DiffusionConfig:
     prediction: Literal["eps", "v", "x0"] = "eps"
 
     def __post_init__(self):
+        check_config(self, image_size=">= 1", in_chans=">= 1", widths=">= 1", blocks_per_level=">= 1",
+                     attention_levels=">= 0", heads=">= 1", num_classes=">= 0", class_dropout="[0, 1)",
+                     dropout="[0, 1)", groups=">= 1", timesteps=">= 1")
+        if not self.widths:
+            raise ValueError("widths must name at least one level's channels, got ()")
         if self.image_size % 2 ** (len(self.widths) - 1):
             raise ValueError(f"image_size {self.image_size} must be divisible by 2 ** {len(self.widths) - 1}")
         if any(w % self.groups for w in self.widths):

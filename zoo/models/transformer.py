@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from zoo.blocks.attention import KVCache, MultiHeadAttention
 from zoo.blocks.layers import Dropout, RMSNorm, SwiGLU
-from zoo.models.base import ZooModel, unwrap
+from zoo.models.base import ZooModel, check_config, unwrap
 from zoo.registry import register_model
 from zoo.weights.loading import key_problems
 
@@ -51,8 +51,12 @@ class LMConfig:
     pad_token_id: int | None = None  # what generate() writes after a sequence's EOS; None: the (first) EOS id
 
     def __post_init__(self):
-        if isinstance(self.eos_token_id, list):  # JSON and transformers configs give lists
-            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+        # (JSON and transformers configs give eos_token_id as a list: check_config makes it a tuple)
+        check_config(self, vocab_size=">= 2", context=">= 1", dim=">= 1", n_layers=">= 1", n_heads=">= 1",
+                     n_kv_heads=">= 1", mlp_hidden=">= 1", dropout="[0, 1)", window=">= 1", rope_base="> 0",
+                     norm_eps="> 0", eos_token_id=">= 0", pad_token_id=">= 0")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} must be divisible by n_kv_heads {self.n_kv_heads}")
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} must be divisible by n_heads {self.n_heads}")
         if self.vocab_size < 2 or self.context < 1:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.models.base import ZooModel
+from zoo.models.base import ZooModel, check_config
 from zoo.registry import register_model
 
 __all__ = ["UNet3dConfig", "UNet3d", "ResBlock3d", "dice_ce_loss", "dice_per_class"]
@@ -42,6 +42,7 @@ class UNet3dConfig:
     checkpointing: str = "none"  # a zoo.accel.checkpointing policy: none, blocks, every_k, selective
 
     def __post_init__(self):
+        check_config(self, channels=">= 1", blocks=">= 1", in_chans=">= 1", num_classes=">= 1")
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose {', '.join(PRESETS)}")
         channels, blocks = PRESETS[self.preset]
@@ -149,6 +150,14 @@ class UNet3d(ZooModel):
         self.aux_heads = nn.ModuleList(nn.Conv3d(h.in_channels, num_classes, 1) for h in self.aux_heads)
         self.config = dataclasses.replace(self.config, num_classes=num_classes)
 
+    def smallest_window(self) -> int:
+        """The smallest window side whose deepest feature map keeps 2 voxels per side (instance norm needs more
+        than one)."""
+        side = 2
+        for _ in self.config.channels[1:]:
+            side = 2 * side if self.config.down == "pool" else 2 * side - 1  # conv k3 s2 p1 gives ceil(side / 2)
+        return side
+
     @torch.no_grad()
     def predict_volume(self, volume: Tensor, *, window: int | tuple[int, int, int] = 64, overlap: float = 0.25,
                        blend: str = "gaussian", batch_size: int = 2, device=None) -> Tensor:
@@ -157,6 +166,11 @@ class UNet3d(ZooModel):
         if volume.dim() != 4:
             raise ValueError(f"expected an image (channels, D, H, W); got shape {tuple(volume.shape)}")
         window = (window,) * 3 if isinstance(window, int) else tuple(window)
+        smallest = self.smallest_window()
+        if min(window) < smallest:
+            raise ValueError(f"window {window} is too small for this model: its {len(self.config.channels) - 1} "
+                             f"downsamplings need at least {smallest} voxels per side (give --window {smallest} "
+                             "or more)")
         was_training = self.training
         self.eval()
         logits = sliding_window_inference(self, volume[None].float(), window, overlap=overlap, blend=blend,
