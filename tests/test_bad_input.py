@@ -1,4 +1,5 @@
-"""Issue 18's wrong results: bad input is refused in one line (or handled right), and nothing is written.
+"""Issue 18's wrong results and poor ones: bad input is refused in one line (or handled right), and nothing is
+written.
 
 Each row of CASES is one bad input: the call (a `zoo` command, a train script run in-process, or a library
 call), the exit code or exception type it must end with, a word its one-line message must contain, and
@@ -105,12 +106,14 @@ def DIFFUSION(argv: list[str]) -> int:
 
 @dataclass(frozen=True)
 class Case:
-    item: int  # the number of the wrong result in issue 18
+    item: int | str  # the number of the wrong result in issue 18, or the class of a poor one (traceback, raw,
+    # misleading, silent)
     name: str
     inputs: Callable[[Path], Any]  # (the test's folder) -> what `call` takes; writes the input files
     call: Callable[[Any], Any]  # -> an exit code, or raises
     expect: int | type[BaseException]
     word: str  # the one-line message must contain it
+    absent: str = ""  # ... and must not contain this (e.g. an unsafe hint)
 
 
 def _load_test_split(path):
@@ -137,7 +140,7 @@ CASES = [
     Case(3, "ImageFolder without test/ has no test split", image_folder, _load_test_split,
          ValueError, "test/"),
     Case(5, "NaN voxels to zoo predict unet3d_seg", lambda d: ["predict", "unet3d_seg", volume_with_nan(d),
-                                                               "--window", "8"], zoo_cli, 1, "2 non-finite"),
+                                                               "--window", "9"], zoo_cli, 2, "2 non-finite"),
     Case(8, "TSV row without a label field", tsv_missing_label, _read_labelled_texts, ValueError, "line 3"),
     Case(8, "TSV row without a label field, bert_cls script",
          lambda d: ["--data", tsv_missing_label(d), "--steps", "1", "--out", str(d / "run")],
@@ -157,14 +160,120 @@ CASES = [
          DIFFUSION, 2, "--guidance"),
     Case(10, "zoo predict diffusion_unet --guidance nan",
          lambda d: ["predict", "diffusion_unet", "--n", "1", "--steps", "1", "--guidance", "nan",
-                    "--out", str(d / "g.png")], zoo_cli, 1, "--guidance"),
+                    "--out", str(d / "g.png")], zoo_cli, 2, "--guidance"),
     Case(10, "zoo predict transformer_lm --temperature nan",
          lambda d: ["predict", "transformer_lm", "the king", "--max-new-tokens", "3", "--temperature", "nan"],
-         zoo_cli, 1, "--temperature"),
+         zoo_cli, 2, "--temperature"),
     Case(10, "zoo predict transformer_lm --top-p inf",
          lambda d: ["predict", "transformer_lm", "the king", "--max-new-tokens", "3", "--top-p", "inf"],
-         zoo_cli, 1, "finite"),
+         zoo_cli, 2, "finite"),
 ]
+
+
+def _load(name: str, **config):
+    def call(_):
+        import zoo
+        return zoo.load(name, **config)
+    return call
+
+
+def _volume(d: Path, shape=(8, 8, 8), name: str = "v.npy") -> str:
+    np.save(d / name, np.random.default_rng(0).standard_normal(shape).astype(np.float32))
+    return str(d / name)
+
+
+def _write(d: Path, name: str, data: bytes = b"") -> str:
+    (d / name).write_bytes(data)
+    return str(d / name)
+
+
+def _png_header_claiming(d: Path, width: int, height: int) -> str:
+    """A PNG whose header says width x height (a decompression bomb's size) without holding the pixels."""
+    import struct
+    import zlib
+    from PIL import Image
+    Image.new("RGB", (1, 1)).save(d / "big.png")
+    data = bytearray((d / "big.png").read_bytes())
+    ihdr = bytes(data[12:16]) + struct.pack(">II", width, height) + bytes(data[24:29])
+    data[16:24] = struct.pack(">II", width, height)
+    data[29:33] = struct.pack(">I", zlib.crc32(ihdr))
+    (d / "big.png").write_bytes(bytes(data))
+    return str(d / "big.png")
+
+
+def _npz(d: Path, **arrays) -> str:
+    np.savez(d / "data.npz", **arrays)
+    return str(d / "data.npz")
+
+
+def _open_image(path):
+    from zoo.data.images import open_image
+    return open_image(path)
+
+
+def _load_train_split(path):
+    from zoo.data.images import load_image_split
+    return load_image_split(path, "train")
+
+
+def _predict(*args: str):
+    return lambda d: ["predict", *args]
+
+
+X = np.zeros((4, 8, 8, 3), np.uint8)
+POOR = [
+    # raw Python/torch text: config values are checked by type and range in the config dataclasses
+    Case("raw", "zoo.load num_classes='ten'", None, _load("effnetv2_cls", num_classes="ten"), ValueError, "num_classes"),
+    Case("raw", "zoo.load num_classes=2.5", None, _load("effnetv2_cls", num_classes=2.5), ValueError, "an int"),
+    Case("raw", "zoo.load num_classes=True", None, _load("effnetv2_cls", num_classes=True), ValueError, "an int"),
+    Case("raw", "zoo.load num_classes=-1", None, _load("bert_cls", num_classes=-1), ValueError, ">= 1"),
+    Case("raw", "zoo.load drop_path_rate=1", None, _load("effnetv2_cls", drop_path_rate=1.0), ValueError, "[0, 1)"),
+    Case("raw", "zoo.load n_layers='4'", None, _load("transformer_lm", n_layers="4"), ValueError, "n_layers"),
+    Case("raw", "zoo.load window=0", None, _load("transformer_lm", window=0), ValueError, "window must be >= 1"),
+    Case("raw", "zoo.load widths=(8, 'abc')", None, _load("diffusion_unet", widths=(8, "abc")), ValueError, "widths"),
+    Case("raw", "zoo.load channels=(8, 0)", None, _load("unet3d_seg", channels=(8, 0)), ValueError, "channels"),
+    # raw text / silent acceptance in zoo predict's options: one line, exit 2, before the model loads
+    Case("raw", "--top-k abc", _predict("effnetv2_cls", "x.jpg", "--top-k", "abc"), zoo_cli, 2, "--top-k takes an int"),
+    Case("raw", "--top-k -3", _predict("effnetv2_cls", "x.jpg", "--top-k", "-3"), zoo_cli, 2, "--top-k"),
+    Case("silent", "--top-k 0", _predict("effnetv2_cls", "x.jpg", "--top-k", "0"), zoo_cli, 2, ">= 1"),
+    Case("silent", "--max-new-tokens -5", _predict("transformer_lm", "the", "--max-new-tokens", "-5"), zoo_cli, 2,
+         "--max-new-tokens"),
+    Case("raw", "--n 0", _predict("diffusion_unet", "--n", "0"), zoo_cli, 2, "--n"),
+    Case("raw", "--n -2", _predict("diffusion_unet", "--n", "-2"), zoo_cli, 2, "--n"),
+    Case("silent", "--guidance inf", _predict("diffusion_unet", "--guidance", "inf"), zoo_cli, 2, "finite"),
+    Case("silent", "--guidance -100", _predict("diffusion_unet", "--guidance", "-100"), zoo_cli, 2, "--guidance"),
+    Case("raw", "--classes a", _predict("diffusion_unet", "--classes", "a"), zoo_cli, 2, "--classes"),
+    Case("traceback", "bert_cls --max-length -5", _predict("bert_cls", "a film", "--max-length", "-5"), zoo_cli, 2,
+         "--max-length"),
+    Case("raw", "unet3d_seg --window 0", lambda d: ["predict", "unet3d_seg", _volume(d), "--window", "0"], zoo_cli, 2,
+         "--window"),
+    Case("raw", "unet3d_seg --window -8", lambda d: ["predict", "unet3d_seg", _volume(d), "--window", "-8"], zoo_cli,
+         2, "--window"),
+    Case("raw", "unet3d_seg --window 3", lambda d: ["predict", "unet3d_seg", _volume(d), "--window", "3"], zoo_cli, 2,
+         "too small"),
+    Case("raw", "unet3d_seg 2-channel volume", lambda d: ["predict", "unet3d_seg", _volume(d, (2, 8, 8, 8)),
+                                                          "--window", "9"], zoo_cli, 2, "channel"),
+    Case("traceback", "unet3d_seg empty .npy", lambda d: ["predict", "unet3d_seg", _write(d, "e.npy")], zoo_cli, 2,
+         "empty"),
+    Case("misleading", "unet3d_seg .npy of text", lambda d: ["predict", "unet3d_seg", _write(d, "t.npy", b"hello")],
+         zoo_cli, 2, "not an .npy", absent="pickle"),
+    Case("silent", "unet3d_seg --out the input", lambda d: ["predict", "unet3d_seg", _volume(d), "--window", "9",
+                                                            "--out", str(d / "v.npy")], zoo_cli, 2, "input"),
+    Case("misleading", "effnetv2_cls a directory as the image",
+         lambda d: ["predict", "effnetv2_cls", str((d / "img.jpg").mkdir() or d / "img.jpg")], zoo_cli, 2,
+         "is a directory", absent="does not exist"),
+    Case("misleading", "zoo cards --check of a missing file", lambda d: ["cards", "--check", "--out", str(d / "m.md")],
+         zoo_cli, 2, "does not exist", absent="out of date"),
+    # tracebacks in the data readers
+    Case("traceback", "a text file named .jpg", lambda d: _write(d, "t.jpg", b"not an image"), _open_image, ValueError,
+         "not an image"),
+    Case("traceback", "a 14000x14000 image", lambda d: _png_header_claiming(d, 14000, 14000), _open_image, ValueError,
+         "pixels"),
+    Case("traceback", ".npz without y_train", lambda d: _npz(d, x_train=X), _load_train_split, ValueError, "y_train"),
+    Case("traceback", "negative labels in an .npz", lambda d: _npz(d, x_train=X, y_train=np.array([0, 1, -1, 0])),
+         _load_train_split, ValueError, "negative"),
+]
+CASES = CASES + POOR
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -175,7 +284,7 @@ def snapshot(folder: Path) -> dict[str, str]:
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.item}-{c.name}" for c in CASES])
 def test_bad_input_is_refused_in_one_line_and_writes_nothing(case, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a default output path would land here too, and be caught
-    inputs = case.inputs(tmp_path)
+    inputs = case.inputs(tmp_path) if case.inputs else None
     before = snapshot(tmp_path)
     if isinstance(case.expect, int):
         code = case.call(inputs)
@@ -184,11 +293,13 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(case, tmp_path, cap
         assert "Traceback" not in err, err
         lines = [line for line in err.strip().splitlines() if "error:" in line]
         assert len(lines) == 1 and case.word in lines[0], err
+        message = lines[0]
     else:
         with pytest.raises(case.expect) as caught:
             case.call(inputs)
         message = str(caught.value)
         assert case.word in message and "\n" not in message, message
+    assert not case.absent or case.absent not in message, message
     assert snapshot(tmp_path) == before, "a refused input created or changed files"
 
 
@@ -293,3 +404,13 @@ def test_16_bit_and_float_images_read_like_the_8_bit_one(tmp_path):
         torch.testing.assert_close(to_tensor(image), reference, atol=2 / 255 / 0.5, rtol=0, msg=name)
         torch.testing.assert_close(to_tensor(open_image(Image.open(tmp_path / name))), reference,
                                    atol=2 / 255 / 0.5, rtol=0, msg=f"{name} as a PIL image")
+
+
+# ------------------------------------------------------------------ poor ones: silent loss
+
+
+def test_unet3d_out_without_npy_reports_the_file_it_writes(tmp_path, capsys):
+    volume = _volume(tmp_path)
+    assert zoo_cli(["predict", "unet3d_seg", volume, "--window", "9", "--out", str(tmp_path / "x")]) == 0
+    assert f"wrote {tmp_path / 'x.npy'};" in capsys.readouterr().out
+    assert np.load(tmp_path / "x.npy").shape == (8, 8, 8) and not (tmp_path / "x").exists()

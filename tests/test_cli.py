@@ -25,7 +25,7 @@ def test_list_and_info(capsys, tiny):
     (["predict", "transformer_lm", "x", "--pretrained", "/no/such/file.safetensors"], "not a weights tag"),
 ])
 def test_errors_are_one_line_without_traceback(capsys, argv, message):
-    assert main(argv) == 1
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
@@ -40,7 +40,7 @@ def test_predict_corrupt_weights_is_a_clear_error(capsys, tiny_shipped):
     _, weights_dir = tiny_shipped
     path = weights_dir / "tiny.v1.safetensors"
     path.write_bytes(path.read_bytes()[:-1] + b"\x00")
-    assert main(["predict", "tiny_test_cls", "1", "2", "3", "4"]) == 1
+    assert main(["predict", "tiny_test_cls", "1", "2", "3", "4"]) == 2
     assert "corrupt" in capsys.readouterr().err
 
 

@@ -501,7 +501,7 @@ def test_predict_bad_input_is_one_clear_error_line(name, saved, tmp_path, capsys
     code = main(["predict", name, *args, "--pretrained", str(saved(name))])
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
-    assert code == 1, f"exit code {code}; stderr: {err[-2000:]}"
+    assert code == 2, f"exit code {code}; stderr: {err[-2000:]}"
     assert len(lines) == 1 and lines[0].startswith("zoo predict: error:"), f"not one error line: {err[-2000:]}"
     assert "Traceback" not in err and fragment in lines[0], lines[0]
 

@@ -42,3 +42,40 @@ def _fsync_dir(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def existing(path: str | os.PathLike, kind: str, what: str, expected: str = "") -> Path:
+    """`path` as a Path if it is a `kind` ("file" or "dir"), else FileNotFoundError / ValueError (a directory) /
+    NotADirectoryError saying what is there instead; `what` names the input ("image", "--data"), `expected`
+    says what to give (e.g. "an ImageFolder directory or an .npz")."""
+    path = Path(path)
+    wanted = expected or ("a file" if kind == "file" else "a directory")
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist; give {wanted}")
+    if kind == "file" and not path.is_file():
+        raise ValueError(f"{what} {str(path)!r} is a directory, not a file; give {wanted}")
+    if kind == "dir" and not path.is_dir():
+        raise NotADirectoryError(f"{what} {str(path)!r} is a file, not a directory; give {wanted}")
+    return path
+
+
+def load_npy(path: str | os.PathLike, what: str = "array"):
+    """The array in the .npy file `path`, never unpickling; a file that is not one (empty, text, pickled objects,
+    truncated) is a ValueError naming it."""
+    import numpy as np
+    path = existing(path, "file", what, "an .npy file written by numpy.save")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{what} {str(path)!r} is empty (0 bytes); give an .npy file written by numpy.save")
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic != b"\x93NUMPY":
+        raise ValueError(f"{what} {str(path)!r} is not an .npy array file (no NumPy header); write one with "
+                         "numpy.save(path, array) of numbers")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (ValueError, EOFError, OSError) as e:
+        if "pickle" in str(e):
+            raise ValueError(f"{what} {str(path)!r} holds Python objects, not numbers; save a numeric array "
+                             "(e.g. numpy.save(path, array.astype(numpy.float32)))") from None
+        raise ValueError(f"{what} {str(path)!r} is not a readable .npy array ({type(e).__name__}: it may be "
+                         "truncated); write it again with numpy.save") from None

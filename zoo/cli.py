@@ -9,9 +9,11 @@ from pathlib import Path
 
 from zoo.weights import WeightsError
 
-# Errors a user can fix; anything else is a bug and keeps its traceback.
+# Errors a user can fix; anything else is a bug and keeps its traceback. They exit with 2, as the train
+# scripts' main_guard and argparse's usage errors do.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, WeightsError,
                RuntimeError, TypeError)
+USER_ERROR_EXIT = 2
 
 
 def cmd_list(args) -> int:
@@ -62,13 +64,12 @@ def cmd_predict(args, extra) -> int:
     import zoo
     from zoo import predict
     entry = zoo.registry.get_entry(args.name)
-    if args.name not in predict.ADAPTERS:
-        raise ValueError(f"{args.name} does not support `zoo predict` yet (no adapter in zoo/predict.py)")
+    options = predict.convert(args.name, _options(extra))  # a bad option fails before the model loads
     pretrained = args.pretrained if args.pretrained is not None else (entry.default_tag is not None)
     if pretrained is False:
         logging.getLogger("zoo").warning("%s has no shipped weights: predicting with random weights", args.name)
     model = zoo.load(args.name, pretrained=pretrained)
-    result, text = predict.run(args.name, model, args.inputs, _options(extra))
+    result, text = predict.run(args.name, model, args.inputs, options)
     print(json.dumps(result, indent=2) if args.json else text)
     return 0
 
@@ -97,7 +98,10 @@ def cmd_cards(args) -> int:
     from zoo.cards import render_model_cards, write_model_cards
     path = Path(args.out)
     if args.check:
-        current = path.read_text() if path.is_file() else ""
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist{' (it is a directory)' if path.is_dir() else ''}; "
+                                    f"`zoo cards --out {path}` writes it")
+        current = path.read_text()
         if current != render_model_cards():
             print(f"{path} is out of date; run `zoo cards`", file=sys.stderr)
             return 1
@@ -133,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("demo", help="run every model with shipped weights on built-in inputs")
     p = sub.add_parser("cards", help="regenerate MODEL_CARDS.md")
     p.add_argument("--out", default="MODEL_CARDS.md")
-    p.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
+    p.add_argument("--check", action="store_true", help="exit 1 if the file is out of date (2 if it is missing)")
     p = sub.add_parser("publish", help="copy trained weights into weights/ and the manifest (maintainers)")
     p.add_argument("file")
     p.add_argument("name")
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return commands[args.command](args)
     except USER_ERRORS as e:
         print(f"zoo {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return USER_ERROR_EXIT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -3,23 +3,26 @@ own API (`predict`, `generate`, `predict_volume`, `sample`), format the result.
 
 Each adapter takes (model, inputs, **options) and returns (JSON-able result, text for the terminal). Its
 keyword-only parameters are the command line's options: `--max-new-tokens 50` becomes `max_new_tokens=50`,
-converted to the parameter's annotated type (a float must be finite: `--guidance nan` is refused). A family
-without an adapter here cannot be used by `zoo predict` (CONTRIBUTING.md says how to add one).
+converted to the parameter's annotated type (a float must be finite: `--guidance nan` is refused) and checked
+against its range where the annotation carries one (`Annotated[int, ">= 1"]`: `--top-k 0` is refused), before
+the model is loaded. A family without an adapter here cannot be used by `zoo predict` (CONTRIBUTING.md says how
+to add one).
 """
 from __future__ import annotations
 
 import inspect
 import math
 import typing
-from typing import Any, Callable
+from pathlib import Path
+from typing import Annotated, Any, Callable
 
 import torch
 
 Adapter = Callable[..., "tuple[Any, str]"]
 
 
-def bert_cls(model, inputs: list[str], *, max_length: int | None = None, pair_separator: str = "",
-             threshold: float = 0.5):
+def bert_cls(model, inputs: list[str], *, max_length: Annotated[int | None, ">= 1"] = None, pair_separator: str = "",
+             threshold: Annotated[float, "[0, 1]"] = 0.5):
     """--pair-separator ' ||| ' reads each input as a sentence pair "a ||| b"; --threshold is the multi-label
     models' probability cut."""
     if not inputs:
@@ -43,7 +46,7 @@ def bert_cls(model, inputs: list[str], *, max_length: int | None = None, pair_se
     return [{"text": t, **r} for t, r in zip(inputs, results)], "\n".join(lines)
 
 
-def effnetv2_cls(model, inputs: list[str], *, top_k: int = 5):
+def effnetv2_cls(model, inputs: list[str], *, top_k: Annotated[int, ">= 1"] = 5):
     if not inputs:
         raise ValueError("give one or more image files, e.g. zoo predict effnetv2_cls cat.jpg")
     results = model.predict(inputs, top_k)
@@ -52,8 +55,9 @@ def effnetv2_cls(model, inputs: list[str], *, top_k: int = 5):
     return [{"image": path, "top": [{"label": lbl, "prob": p} for lbl, p in r]} for path, r in zip(inputs, results)], text
 
 
-def transformer_lm(model, inputs: list[str], *, max_new_tokens: int = 300, temperature: float = 0.8,
-                   top_k: int | None = None, top_p: float | None = None, seed: int = 0):
+def transformer_lm(model, inputs: list[str], *, max_new_tokens: Annotated[int, ">= 1"] = 300,
+                   temperature: Annotated[float, ">= 0"] = 0.8, top_k: Annotated[int | None, ">= 1"] = None,
+                   top_p: Annotated[float | None, "(0, 1]"] = None, seed: int = 0):
     if not inputs:
         raise ValueError('give a prompt, e.g. zoo predict transformer_lm "ROMEO:"')
     prompt = " ".join(inputs)
@@ -61,26 +65,54 @@ def transformer_lm(model, inputs: list[str], *, max_new_tokens: int = 300, tempe
     return {"prompt": prompt, "text": text}, text
 
 
-def unet3d_seg(model, inputs: list[str], *, out: str = "", window: int = 64):
+def unet3d_seg(model, inputs: list[str], *, out: str = "", window: Annotated[int, ">= 1"] = 64):
+    """--out is the label volume's .npy (default: INPUT_pred.npy); it may not be the input."""
     import numpy as np
+
+    from zoo._io import atomic_path, load_npy
     if len(inputs) != 1:
         raise ValueError("give one volume file (.npy of shape (D, H, W) or (C, D, H, W))")
-    volume = _finite(torch.as_tensor(np.load(inputs[0], allow_pickle=False)).float(), inputs[0])
-    volume = volume[None] if volume.dim() == 3 else volume
-    labels = model.predict_volume(volume, window=window)
     out = out or inputs[0].rsplit(".npy", 1)[0] + "_pred.npy"
-    np.save(out, labels.numpy().astype(np.uint8))
+    out = out if out.endswith(".npy") else out + ".npy"  # what numpy.save would write: report the real path
+    if Path(out).exists() and Path(out).resolve() == Path(inputs[0]).resolve():
+        raise ValueError(f"--out {out} is the input volume; give another file, e.g. --out "
+                         f"{inputs[0].rsplit('.npy', 1)[0]}_pred.npy")
+    if Path(out).is_dir():
+        raise ValueError(f"--out {out} is a directory; give the .npy file to write")
+    array = load_npy(inputs[0], "volume")
+    if array.dtype.kind not in "biuf" or array.ndim not in (3, 4):
+        raise ValueError(f"volume {inputs[0]!r} must be numbers of shape (D, H, W) or (C, D, H, W), got "
+                         f"{array.dtype} of shape {array.shape}")
+    volume = _finite(torch.as_tensor(array).float(), inputs[0])
+    volume = volume[None] if volume.dim() == 3 else volume
+    channels = model.config.in_chans
+    if volume.shape[0] != channels:
+        raise ValueError(f"volume {inputs[0]!r} has {volume.shape[0]} channel(s) (shape {tuple(array.shape)}); "
+                         f"this model takes {channels}: give (D, H, W)" + (" or (1, D, H, W)" if channels == 1 else
+                                                                           f" as ({channels}, D, H, W)"))
+    labels = model.predict_volume(volume, window=window)
+    with atomic_path(out) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, labels.numpy().astype(np.uint8))
     counts = {int(k): int(v) for k, v in zip(*torch.unique(labels, return_counts=True))}
     text = f"wrote {out}; voxels per class: " + ", ".join(f"{k}: {v}" for k, v in counts.items())
     return {"out": out, "voxels_per_class": counts}, text
 
 
-def diffusion_unet(model, inputs: list[str], *, classes: str = "", n: int = 16, out: str = "grid.png",
-                   steps: int = 50, sampler: str = "ddim", guidance: float = 2.0, seed: int = 0):
+def diffusion_unet(model, inputs: list[str], *, classes: str = "", n: Annotated[int, ">= 1"] = 16,
+                   out: str = "grid.png", steps: Annotated[int, ">= 1"] = 50, sampler: str = "ddim",
+                   guidance: Annotated[float, ">= 0"] = 2.0, seed: int = 0):
+    """--classes 0,3 cycles those class ids over the --n samples; --guidance is the classifier-free guidance
+    scale (0: unconditional, 1: conditional, above: stronger)."""
     from torchvision.utils import save_image
     if inputs:
         raise ValueError("diffusion_unet takes no inputs; e.g. zoo predict diffusion_unet --classes 0,1 --n 8")
-    labels = [int(v) for v in classes.split(",")] if classes else None
+    try:
+        labels = [int(v) for v in classes.split(",")] if classes else None
+    except ValueError:
+        raise ValueError(f"--classes takes class ids separated by commas, e.g. --classes 0,3; got {classes!r}") from None
+    if Path(out).is_dir():
+        raise ValueError(f"--out {out} is a directory; give the image file to write, e.g. {Path(out) / 'grid.png'}")
     if labels is not None:
         labels = (labels * (n // len(labels) + 1))[:n]  # cycle the given classes
     images = model.sample(n, classes=labels, steps=steps, sampler=sampler, guidance=guidance, seed=seed)
@@ -102,28 +134,44 @@ ADAPTERS: dict[str, Adapter] = {fn.__name__: fn for fn in (bert_cls, effnetv2_cl
                                                             diffusion_unet)}
 
 
-def run(name: str, model, inputs: list[str], options: dict[str, str]) -> tuple[Any, str]:
-    """`zoo predict`'s work: the family's adapter with the command line's string options converted."""
+def run(name: str, model, inputs: list[str], options: dict[str, Any]) -> tuple[Any, str]:
+    """`zoo predict`'s work: the family's adapter with the command line's string options converted (options
+    already converted by `convert` pass through)."""
+    return adapter_of(name)(model, inputs, **convert(name, options))
+
+
+def adapter_of(name: str) -> Adapter:
     if name not in ADAPTERS:
         raise ValueError(f"{name} does not support `zoo predict` yet (no adapter in zoo/predict.py)")
-    adapter = ADAPTERS[name]
-    return adapter(model, inputs, **_convert(name, adapter, options))
+    return ADAPTERS[name]
 
 
-def _convert(name: str, adapter: Adapter, options: dict[str, str]) -> dict[str, Any]:
+def convert(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The command line's string options for `name`'s adapter, converted to their types and range-checked."""
+    from zoo.models.base import check_range
+    adapter = adapter_of(name)
     params = {p.name: p for p in inspect.signature(adapter).parameters.values() if p.kind is p.KEYWORD_ONLY}
-    hints = typing.get_type_hints(adapter)
+    hints = typing.get_type_hints(adapter, include_extras=True)
     converted = {}
     for key, text in options.items():
         if key not in params:
             valid = ", ".join(f"--{p.replace('_', '-')}" for p in params) or "none"
             raise ValueError(f"unknown option --{key.replace('_', '-')} for `zoo predict {name}`; options: {valid}")
-        kinds = [t for t in typing.get_args(hints[key]) or (hints[key],) if t is not type(None)]
+        hint, ranges = hints[key], ()
+        if typing.get_origin(hint) is Annotated:
+            hint, *ranges = typing.get_args(hint)
+        kinds = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
+        flag = f"--{key.replace('_', '-')}"
+        if not isinstance(text, str):  # already converted
+            converted[key] = text
+            continue
         try:
             converted[key] = kinds[0](text)
         except ValueError:
-            raise ValueError(f"--{key.replace('_', '-')} takes {kinds[0].__name__}, got {text!r}") from None
+            raise ValueError(f"{flag} takes {'an int' if kinds[0] is int else kinds[0].__name__}, got {text!r}") from None
         if isinstance(converted[key], float) and not math.isfinite(converted[key]):  # float() takes "nan", "inf"
-            raise ValueError(f"--{key.replace('_', '-')} must be a finite number, got {text!r}")
+            raise ValueError(f"{flag} must be a finite number, got {text!r}")
+        for spec in ranges:
+            check_range(flag, converted[key], spec)
     return converted
 

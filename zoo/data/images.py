@@ -40,9 +40,8 @@ def open_image(source):
         if source.mode.startswith("I") or source.mode == "F":
             source = _high_depth_to_8bit(source)
         return source.convert("RGB")
-    path = Path(source)
-    if not path.is_file():
-        raise FileNotFoundError(f"image {str(path)!r} does not exist")
+    from zoo._io import existing
+    path = existing(source, "file", "image", "an image file (JPEG, PNG, BMP, ...)")
     try:
         with Image.open(path) as im:
             im = ImageOps.exif_transpose(im)  # phones store portrait photos landscape, with an EXIF rotation
@@ -55,6 +54,12 @@ def open_image(source):
             return im.convert("RGB")
     except UnidentifiedImageError:
         raise ValueError(f"{str(path)!r} is not an image file Pillow can read (JPEG, PNG, BMP, ...)") from None
+    except Image.DecompressionBombError:
+        raise ValueError(f"{str(path)!r} has more than {2 * Image.MAX_IMAGE_PIXELS:,} pixels, too many to decode "
+                         "safely (Pillow's decompression-bomb limit); resize it first, or raise "
+                         "PIL.Image.MAX_IMAGE_PIXELS if you trust the file") from None
+    except OSError as e:  # a truncated JPEG/PNG
+        raise ValueError(f"{str(path)!r} could not be decoded ({e}); is the file truncated?") from None
     except ValueError as e:
         raise ValueError(f"{str(path)!r}: {e}") from None
 
@@ -100,13 +105,36 @@ def load_image_split(path: str | Path, split: str):
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data {str(path)!r} does not exist; give an ImageFolder directory or an .npz")
+    if path.suffix == ".npz" and path.is_dir():
+        raise ValueError(f"data {str(path)!r} is a directory named .npz; give an .npz file or rename the "
+                                "ImageFolder directory")
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as data:
+        try:
+            data = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise ValueError(f"{path} is not a readable .npz archive ({type(e).__name__}); write it with "
+                             "numpy.savez(path, x_train=..., y_train=...)") from None
+        with data:
             if f"x_{split}" not in data:
-                raise MissingSplit(f"{path} has no x_{split} array (it has {', '.join(data.files)})")
-            x, y = data[f"x_{split}"], data[f"y_{split}"]
-            names = [str(n) for n in data["class_names"]] if "class_names" in data else None
-        names = names or [str(i) for i in range(int(y.max()) + 1)]
+                raise MissingSplit(f"{path} has no x_{split} array (it has {', '.join(data.files) or 'none'})")
+            if f"y_{split}" not in data:
+                raise ValueError(f"{path} has x_{split} but no y_{split} (the labels; it has "
+                                 f"{', '.join(data.files)}); save the integer labels as y_{split}")
+            try:
+                x, y = data[f"x_{split}"], data[f"y_{split}"]
+                names = [str(n) for n in data["class_names"]] if "class_names" in data else None
+            except ValueError:  # an object array: loading it would unpickle
+                raise ValueError(f"{path} holds Python objects in x_{split}, y_{split} or class_names; save "
+                                 "numeric arrays (class_names as strings)") from None
+        if y.dtype.kind not in "iu" or y.ndim != 1 or len(y) != len(x):
+            raise ValueError(f"{path}: y_{split} must be one integer class id per image of x_{split} ({len(x)}), "
+                             f"got {y.dtype} of shape {y.shape}")
+        if len(y) and int(y.min()) < 0:
+            raise ValueError(f"{path}: y_{split} holds negative label {int(y.min())}; class ids run 0..C-1")
+        names = names or [str(i) for i in range(int(y.max()) + 1 if len(y) else 0)]
+        if len(y) and int(y.max()) >= len(names):
+            raise ValueError(f"{path}: y_{split} holds label {int(y.max())} but class_names names {len(names)} "
+                             f"classes (0..{len(names) - 1})")
         return x, y, names
     if path.is_dir():
         root, folder = _folder_split(path, split)

@@ -65,9 +65,8 @@ def tokenizer_from_spec(spec: dict):
 
 
 def read_corpus(path: str | Path) -> str:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"corpus {str(path)!r} does not exist; pass a UTF-8 text file with --data")
+    from zoo._io import existing
+    path = existing(path, "file", "corpus", "a UTF-8 text file with --data")
     text = path.read_text(encoding="utf-8")
     if len(text) < 2:
         raise ValueError(f"corpus {str(path)!r} is empty")
@@ -126,9 +125,8 @@ def read_labelled_texts(path: str | Path, text_column: str, label_column: str, p
     import csv
     import json
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+    from zoo._io import existing
+    path = existing(path, "file", "data file", "a .tsv, .csv or .jsonl file")
     suffix = path.suffix.lower()
     rows: list[tuple[int, dict]] = []  # (line number in the file, row)
     if suffix == ".jsonl":

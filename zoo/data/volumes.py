@@ -317,9 +317,8 @@ class VolumeFolder(torch.utils.data.Dataset):
     """Pairs NAME.npy + NAME_label.npy (or .nii/.nii.gz with nibabel) in a folder; image (C, D, H, W) or (D, H, W)."""
 
     def __init__(self, folder: str | Path, transform=None):
-        folder = Path(folder)
-        if not folder.is_dir():
-            raise FileNotFoundError(f"volume folder {str(folder)!r} does not exist")
+        from zoo._io import existing
+        folder = existing(folder, "dir", "volume folder", "a folder of NAME.npy + NAME_label.npy pairs")
         suffixes = (".npy", ".nii", ".nii.gz")
         self.pairs = []
         for image in sorted(folder.iterdir()):
@@ -348,7 +347,8 @@ class VolumeFolder(torch.utils.data.Dataset):
 def _read(path: Path):
     import numpy as np
     if path.suffix == ".npy":
-        return np.load(path, allow_pickle=False)
+        from zoo._io import load_npy
+        return load_npy(path, "volume")
     try:
         import nibabel
     except ImportError:
