@@ -273,6 +273,20 @@ POOR = [
     Case("traceback", "negative labels in an .npz", lambda d: _npz(d, x_train=X, y_train=np.array([0, 1, -1, 0])),
          _load_train_split, ValueError, "negative"),
 ]
+
+
+def _finished_lm_run(d: Path, *args: str) -> list[str]:
+    """A real 2-step transformer_lm run in d/run; the arguments resume it with `args` changed."""
+    assert LM(lm(d, "--steps", "2")) == 0
+    return [*lm(d, "--steps", "4", "--resume"), *args]
+
+
+POOR += [
+    Case("traceback", "--resume with another --dim", lambda d: _finished_lm_run(d, "--dim", "32"), LM, 2,
+         "shape"),
+    Case("traceback", "--resume with another --n-layers", lambda d: _finished_lm_run(d, "--n-layers", "2"), LM, 2,
+         "another model"),
+]
 CASES = CASES + POOR
 
 

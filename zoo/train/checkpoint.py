@@ -154,6 +154,7 @@ def load_checkpoint(path: Path, app_state: dict[str, Any], ctx) -> dict[str, Any
     """Fill `app_state` in place from the checkpoint; returns the trainer state and restores this rank's RNG."""
     import torch.distributed.checkpoint as dcp
 
+    check_fits(path, app_state)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(app_state, checkpoint_id=str(path))
@@ -162,3 +163,33 @@ def load_checkpoint(path: Path, app_state: dict[str, Any], ctx) -> dict[str, Any
     if rng_file.is_file() and trainer_state.get("world_size") == ctx.world_size:
         set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
     return trainer_state
+
+
+def check_fits(path: Path, app_state: dict[str, Any]) -> None:
+    """ValueError naming the differing keys or shapes when the checkpoint's model is not this run's (another
+    family, or other architecture flags such as --dim or --n-layers), instead of DCP's error from deep inside."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    try:
+        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception as e:  # noqa: BLE001 - an unreadable checkpoint is the user's to replace
+        raise ValueError(f"--resume {path}: its model and optimiser state cannot be read ({type(e).__name__}: "
+                         f"{e}); resume from another checkpoint or start over with --overwrite") from None
+    ours = {f"model.{k}": tuple(v.shape) for k, v in app_state["model"].items() if isinstance(v, torch.Tensor)}
+    theirs = {k: tuple(m.size) for k, m in saved.items()
+              if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+    missing, unexpected = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+    shapes = [k for k in sorted(set(ours) & set(theirs)) if ours[k] != theirs[k]]
+    if not (missing or unexpected or shapes):
+        return
+    what = []
+    if shapes:
+        k = shapes[0]
+        what.append(f"{len(shapes)} shape(s) differ, e.g. {k[6:]} is {list(theirs[k])} there, {list(ours[k])} here")
+    if missing:
+        what.append(f"{len(missing)} of this model's keys are not in it (e.g. {missing[0][6:]})")
+    if unexpected:
+        what.append(f"it has {len(unexpected)} keys this model lacks (e.g. {unexpected[0][6:]})")
+    raise ValueError(f"--resume {path}: the checkpoint is of another model: {'; '.join(what)}; resume with the "
+                     "family and architecture flags (--dim, --n-layers, --widths, ...) of the run that wrote it, "
+                     "or start a new run")
