@@ -287,6 +287,44 @@ POOR += [
     Case("traceback", "--resume with another --n-layers", lambda d: _finished_lm_run(d, "--n-layers", "2"), LM, 2,
          "another model"),
 ]
+
+
+def _tiny_unet():
+    import zoo
+    return zoo.load("unet3d_seg", channels=(4, 8), blocks=1)
+
+
+def _quantize_a_string(_):
+    import zoo.accel
+    return zoo.accel.quantize("model", "int8_dynamic")
+
+
+def _save(path: str, **kw):
+    def call(d):
+        import zoo
+        return zoo.save(_tiny_unet(), d / path, **kw)
+    return call
+
+
+def _pickled_module(d: Path) -> str:
+    torch.save({"model": torch.nn.Linear(2, 2)}, d / "module.pt")
+    return str(d / "module.pt")
+
+
+def _load_unet_weights(path):
+    import zoo
+    return zoo.load("unet3d_seg", pretrained=path)
+
+
+POOR += [
+    Case("raw", "quantize('model', ...)", None, _quantize_a_string, TypeError, "torch.nn.Module"),
+    Case("raw", "zoo.save with a non-tensor in the state dict", lambda d: d,
+         lambda d: _save("m.safetensors", state_dict={**_tiny_unet().state_dict(), "step": 3})(d), ValueError,
+         "'step': int"),
+    Case("silent", "zoo.save to x.pt", lambda d: d, _save("x.pt"), ValueError, ".safetensors"),
+    Case("misleading", "a pickle of a module", _pickled_module, _load_unet_weights, ValueError, "convert",
+         absent="weights_only=False"),
+]
 CASES = CASES + POOR
 
 

@@ -63,6 +63,9 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
     (and int8_static) are graph modules without the model's other methods; their batch dimension stays
     dynamic, and `dynamic_dims` adds others, e.g. {0: (1,), 1: (1,)} for a sequence length in inputs 0 and 1.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"quantize takes a torch.nn.Module (e.g. zoo.load(name, pretrained=True)), got "
+                        f"{type(model).__name__} {model!r:.60}")
     if method not in METHODS:
         raise ValueError(f"unknown quantization method {method!r}; choose {', '.join(METHODS)}")
     if backend not in ("torchao", "pt2e"):

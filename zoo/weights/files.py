@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,8 +184,15 @@ def _read_pickle(blob: bytes, path: Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     except Exception as e:
-        raise WeightsError(f"cannot read {str(path)!r} with torch.load(weights_only=True): {e}. "
-                           "Only plain state dicts of tensors are accepted; convert it to safetensors.") from None
+        # torch's own text tells the user to re-run with weights_only=False (running the pickle's code), with
+        # terminal escapes: name only what it refused, and the safe conversion
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        what = f"a {found.group(1)} object, not only tensors" if found else f"no plain state dict ({type(e).__name__})"
+        raise WeightsError(f"{str(path)!r} is a pickle holding {what}; zoo reads pickles with "
+                           "torch.load(weights_only=True) only, as unpickling other objects can run code. If you "
+                           "trust its source, convert it once to a state dict of tensors: "
+                           "safetensors.torch.save_file(model.state_dict(), 'weights.safetensors') on the model "
+                           "it holds, then load that file") from None
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]

@@ -48,6 +48,11 @@ def save(model: torch.nn.Module, path: str | os.PathLike, meta: dict[str, Any] |
     from zoo.registry import entry_for_model
 
     check_storage_dtype(dtype)
+    if not os.fspath(path).endswith(".safetensors"):
+        # zoo.load reads a file by its suffix: a safetensors file named .pt would be refused there as a pickle
+        raise ValueError(f"zoo.save writes safetensors; give a path ending in .safetensors, not {os.fspath(path)!r}")
+    if os.path.isdir(path):
+        raise ValueError(f"zoo.save path {os.fspath(path)!r} is a directory; give the .safetensors file to write")
     # torch.compile and DDP wrap the model; save the original so keys have no `_orig_mod.` / `module.`
     model = unwrap(model)
     entry = entry_for_model(model)
@@ -59,7 +64,14 @@ def save(model: torch.nn.Module, path: str | os.PathLike, meta: dict[str, Any] |
     if labels is not None and num_classes is not None and len(labels) != num_classes:
         raise ValueError(f"{len(labels)} labels given for a model with num_classes={num_classes}")
     new_meta = WeightsMeta(model=entry.name, config=dataclasses.asdict(model.config), **fields)
-    blob, new_meta = encode_state_dict(model.state_dict() if state_dict is None else state_dict, new_meta, dtype)
+    state_dict = model.state_dict() if state_dict is None else state_dict
+    not_tensors = [(k, v) for k, v in state_dict.items() if not isinstance(v, torch.Tensor)]
+    if not_tensors:
+        key, value = not_tensors[0]
+        raise ValueError(f"the state dict to save holds {len(not_tensors)} value(s) that are not tensors, e.g. "
+                         f"{key!r}: {type(value).__name__}; safetensors stores tensors only (put other values in "
+                         "meta's extra)")
+    blob, new_meta = encode_state_dict(state_dict, new_meta, dtype)
     atomic_write_bytes(path, blob)
     # The model now holds these weights: a later save names this file as its parent.
     model.pretrained_meta = new_meta
