@@ -68,13 +68,23 @@ def build_task(cfg) -> Task:
     a = cfg.extra
     if cfg.data is None:
         raise ValueError("--data is required: 'digits', an .npz with x_train/y_train, or an ImageFolder")
-    size = a["image_size"]
+    architecture = [f"--{k.replace('_', '-')}" for k in ("image_size", "widths") if a[k] is not None]
+    if cfg.pretrained and architecture:
+        raise ValueError(f"--pretrained {cfg.pretrained} brings its own architecture; {', '.join(architecture)} "
+                         "would be ignored: drop them, or train from scratch without --pretrained")
+    try:
+        widths = tuple(int(w) for w in (a["widths"] or "64,128,128").split(","))
+    except ValueError:
+        raise ValueError(f"--widths takes channels per level as integers separated by commas, e.g. 64,128,128; "
+                         f"got {a['widths']!r}") from None
+    size = a["image_size"] or 16
     if cfg.pretrained:
         model = zoo.load("diffusion_unet", pretrained=cfg.pretrained)
         size = model.config.image_size
+    else:  # a bad --widths or --image-size is refused before the data is read
+        zoo.registry.build_config(zoo.registry.get_entry("diffusion_unet"), image_size=size, widths=widths)
     train_data, eval_data, channels, names = load_data(cfg.data, size, a["val_fraction"], a["strict_data"])
     if not cfg.pretrained:
-        widths = tuple(int(w) for w in a["widths"].split(","))
         model = zoo.load("diffusion_unet", image_size=size, in_chans=channels, widths=widths,
                          num_classes=0 if a["unconditional"] else len(names), dropout=a["dropout"])
     k = model.config.num_classes
@@ -130,8 +140,8 @@ def main(argv=None):
     add_train_args(parser, lr=2e-3, weight_decay=0.0, warmup=200, batch_size=64, ema=0.999, clip=1.0,
                    out="runs/diffusion_unet", eval_every=1000)
     g = parser.add_argument_group("diffusion_unet")
-    g.add_argument("--image-size", type=int, default=16)
-    g.add_argument("--widths", default="64,128,128", help="channels per level, e.g. 64,128,128")
+    g.add_argument("--image-size", type=int, help="default: 16 (--pretrained: the weights')")
+    g.add_argument("--widths", help="channels per level, default 64,128,128 (--pretrained: the weights')")
     g.add_argument("--dropout", type=float, default=0.1)
     g.add_argument("--val-fraction", type=float, default=0.1, help="share of the training images held out for "
                    "the validation loss when the data has no test split; 0: no evaluation")

@@ -35,6 +35,13 @@ def build_task(cfg) -> Task:
     text = read_corpus(cfg.data)
     model_options = {k: a[k] for k in ("context", "dim", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden",
                                        "dropout", "window") if a.get(k) is not None}
+    if not 0 < a["val_fraction"] < 1:
+        raise ValueError(f"--val-fraction is the share of the corpus held out for validation (its end), between 0 "
+                         f"and 1 exclusive; got {a['val_fraction']}")
+    architecture = [f"--{k.replace('_', '-')}" for k in model_options if k != "dropout"]
+    if cfg.pretrained and architecture:
+        raise ValueError(f"--pretrained {cfg.pretrained} brings its own architecture; {', '.join(architecture)} "
+                         "would be ignored: drop them, or train from scratch without --pretrained")
     if cfg.pretrained:
         model = zoo.load("transformer_lm", pretrained=cfg.pretrained,
                          **{k: v for k, v in model_options.items() if k == "dropout"})

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import zoo
 from zoo.data.volumes import GENERATORS, SyntheticVolumes, VolumeFolder
-from zoo.models.unet3d import dice_ce_loss, dice_per_class
+from zoo.models.unet3d import UNet3dConfig, dice_ce_loss, dice_per_class, smallest_window
 from zoo.models.base import unwrap
 from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
@@ -70,6 +70,14 @@ def build_task(cfg) -> Task:
     if cfg.data is None:
         raise ValueError("--data is required: 'synthetic', 'synthetic-random' or a folder of NAME.npy / "
                          "NAME_label.npy pairs")
+    architecture = [f"--{k.replace('_', '-')}" for k in ("preset", "norm", "deep_supervision") if a[k]]
+    if cfg.pretrained and architecture:
+        raise ValueError(f"--pretrained {cfg.pretrained} brings its own architecture; {', '.join(architecture)} "
+                         "would be ignored: drop them, or train from scratch without --pretrained")
+    smallest = smallest_window(UNet3dConfig(preset=a["preset"] or "base"))
+    if a["crop"] < smallest and not cfg.pretrained:
+        raise ValueError(f"--crop {a['crop']} is too small for preset {a['preset'] or 'base'}: its downsamplings "
+                         f"need at least {smallest} voxels per side")
     crop = RandomCropFlip(a["crop"])
     generated = cfg.data in GENERATORS and cfg.data != "unseen"
     if generated:
@@ -88,8 +96,12 @@ def build_task(cfg) -> Task:
         num_classes = cfg.num_classes or int(max(int(val[i][1].max()) for i in range(len(val)))) + 1
     if cfg.pretrained:
         model = zoo.load("unet3d_seg", pretrained=cfg.pretrained, checkpointing=a["checkpointing"])
+        if a["crop"] < model.smallest_window():
+            raise ValueError(f"--crop {a['crop']} is too small for {cfg.pretrained}: its downsamplings need at "
+                             f"least {model.smallest_window()} voxels per side")
     else:
-        model = zoo.load("unet3d_seg", preset=a["preset"], num_classes=num_classes, norm=a["norm"],
+        model = zoo.load("unet3d_seg", preset=a["preset"] or "base", num_classes=num_classes,
+                         norm=a["norm"] or "instance",
                          deep_supervision=a["deep_supervision"], checkpointing=a["checkpointing"])
     k = model.config.num_classes
 
@@ -148,8 +160,8 @@ def main(argv=None):
     add_train_args(parser, lr=2e-3, weight_decay=1e-4, warmup=50, batch_size=2, out="runs/unet3d_seg")
     g = parser.add_argument_group("unet3d_seg")
     g.add_argument("--eval", default=None, help="folder of held-out pairs (folder data)")
-    g.add_argument("--preset", default="base", choices=["small", "base", "deep"])
-    g.add_argument("--norm", default="instance", choices=["instance", "group", "batch"])
+    g.add_argument("--preset", choices=["small", "base", "deep"], help="default: base (--pretrained: the weights')")
+    g.add_argument("--norm", choices=["instance", "group", "batch"], help="default: instance")
     g.add_argument("--deep-supervision", action="store_true")
     g.add_argument("--checkpointing", default="none", help="none | blocks | every_k | selective")
     g.add_argument("--crop", type=int, default=48, help="training crop and inference window")

@@ -55,6 +55,15 @@ class UNet3dConfig:
             raise ValueError("norm must be instance|group|batch, down conv|pool, up transpose|trilinear")
 
 
+def smallest_window(config: UNet3dConfig) -> int:
+    """The smallest window (or training crop) side whose deepest feature map keeps 2 voxels per side (instance
+    norm needs more than one)."""
+    side = 2
+    for _ in config.channels[1:]:
+        side = 2 * side if config.down == "pool" else 2 * side - 1  # conv k3 s2 p1 gives ceil(side / 2)
+    return side
+
+
 def _norm(kind: str, channels: int) -> nn.Module:
     if kind == "instance":
         return nn.InstanceNorm3d(channels, affine=True)
@@ -151,12 +160,7 @@ class UNet3d(ZooModel):
         self.config = dataclasses.replace(self.config, num_classes=num_classes)
 
     def smallest_window(self) -> int:
-        """The smallest window side whose deepest feature map keeps 2 voxels per side (instance norm needs more
-        than one)."""
-        side = 2
-        for _ in self.config.channels[1:]:
-            side = 2 * side if self.config.down == "pool" else 2 * side - 1  # conv k3 s2 p1 gives ceil(side / 2)
-        return side
+        return smallest_window(self.config)
 
     @torch.no_grad()
     def predict_volume(self, volume: Tensor, *, window: int | tuple[int, int, int] = 64, overlap: float = 0.25,
