@@ -325,6 +325,47 @@ POOR += [
     Case("misleading", "a pickle of a module", _pickled_module, _load_unet_weights, ValueError, "convert",
          absent="weights_only=False"),
 ]
+
+
+def UNET(argv: list[str]) -> int:
+    return train("unet3d_seg", argv)
+
+
+def _run(d: Path, *args: str) -> list[str]:
+    return [*args, "--steps", "1", "--workers", "0", "--out", str(d / "run")]
+
+
+POOR += [
+    Case("misleading", "--val-fraction 0", lambda d: lm(d, "--steps", "2", "--val-fraction", "0"), LM, 2,
+         "--val-fraction", absent="tokens"),
+    Case("misleading", "--val-fraction 1", lambda d: lm(d, "--steps", "2", "--val-fraction", "1"), LM, 2,
+         "--val-fraction", absent="tokens"),
+    Case("silent", "--pretrained default --dim 999",
+         lambda d: _run(d, "--data", corpus(d), "--pretrained", "default", "--dim", "999"), LM, 2, "--dim"),
+    Case("traceback", "unet3d --crop 0", lambda d: _run(d, "--data", "synthetic", "--crop", "0"), UNET, 2, "--crop"),
+    Case("silent", "unet3d --pretrained default --preset small",
+         lambda d: _run(d, "--data", "synthetic", "--pretrained", "default", "--preset", "small"), UNET, 2,
+         "--preset"),
+    Case("raw", "diffusion --widths 64,abc", lambda d: _run(d, "--data", "digits", "--widths", "64,abc"), DIFFUSION, 2,
+         "--widths"),
+    Case("silent", "diffusion --pretrained default --widths 8,8",
+         lambda d: _run(d, "--data", "digits", "--pretrained", "default", "--widths", "8,8"), DIFFUSION, 2,
+         "--widths"),
+]
+
+
+def _volume_folder(path):
+    from zoo.data.volumes import VolumeFolder
+    return VolumeFolder(path)
+
+
+POOR += [
+    Case("misleading", "a file as the volume folder", lambda d: _volume(d), _volume_folder, NotADirectoryError,
+         "is a file, not a directory", absent="does not exist"),
+    Case("misleading", "a directory as the corpus", lambda d: (d / "corpus.txt").mkdir() or str(d / "corpus.txt"),
+         lambda p: __import__("zoo.data.text", fromlist=["read_corpus"]).read_corpus(p), ValueError,
+         "is a directory", absent="does not exist"),
+]
 CASES = CASES + POOR
 
 
@@ -466,3 +507,9 @@ def test_unet3d_out_without_npy_reports_the_file_it_writes(tmp_path, capsys):
     assert zoo_cli(["predict", "unet3d_seg", volume, "--window", "9", "--out", str(tmp_path / "x")]) == 0
     assert f"wrote {tmp_path / 'x.npy'};" in capsys.readouterr().out
     assert np.load(tmp_path / "x.npy").shape == (8, 8, 8) and not (tmp_path / "x").exists()
+
+
+def test_options_before_the_inputs_are_read_as_options(tmp_path, capsys):
+    volume = _volume(tmp_path)
+    assert zoo_cli(["predict", "unet3d_seg", "--window", "9", "--out", str(tmp_path / "p.npy"), volume]) == 0
+    assert np.load(tmp_path / "p.npy").shape == (8, 8, 8)

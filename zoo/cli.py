@@ -46,30 +46,33 @@ def cmd_info(args) -> int:
     return 0
 
 
-def _options(extra: list[str]) -> dict[str, str]:
-    """`--key value` / `--flag` pairs after the known arguments, for the family's predict."""
-    options, i = {}, 0
+def _options(extra: list[str]) -> tuple[dict[str, str], list[str]]:
+    """`--key value` / `--flag` pairs after the known arguments, for the family's predict, and the inputs that
+    argparse left among them (`zoo predict NAME --top-k 3 cat.jpg` gives the inputs after the options)."""
+    options, inputs, i = {}, [], 0
     while i < len(extra):
         if not extra[i].startswith("--"):
-            raise ValueError(f"unexpected argument {extra[i]!r}; options look like --key value")
+            inputs, i = inputs + [extra[i]], i + 1
+            continue
         key = extra[i][2:].replace("-", "_")
         if i + 1 < len(extra) and not extra[i + 1].startswith("--"):
             options[key], i = extra[i + 1], i + 2
         else:
             options[key], i = "true", i + 1
-    return options
+    return options, inputs
 
 
 def cmd_predict(args, extra) -> int:
     import zoo
     from zoo import predict
     entry = zoo.registry.get_entry(args.name)
-    options = predict.convert(args.name, _options(extra))  # a bad option fails before the model loads
+    options, inputs = _options(extra)
+    options = predict.convert(args.name, options)  # a bad option fails before the model loads
     pretrained = args.pretrained if args.pretrained is not None else (entry.default_tag is not None)
     if pretrained is False:
         logging.getLogger("zoo").warning("%s has no shipped weights: predicting with random weights", args.name)
     model = zoo.load(args.name, pretrained=pretrained)
-    result, text = predict.run(args.name, model, args.inputs, options)
+    result, text = predict.run(args.name, model, [*args.inputs, *inputs], options)
     print(json.dumps(result, indent=2) if args.json else text)
     return 0
 
