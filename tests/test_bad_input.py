@@ -366,6 +366,18 @@ POOR += [
          lambda p: __import__("zoo.data.text", fromlist=["read_corpus"]).read_corpus(p), ValueError,
          "is a directory", absent="does not exist"),
 ]
+
+
+def _folder_with_a_text_jpg(d: Path) -> Path:
+    folder = image_folder(d, n_per_class=2)
+    (folder / "a" / "notes.jpg").write_text("not an image")
+    return folder
+
+
+POOR += [
+    Case("traceback", "a text file named .jpg inside an ImageFolder", _folder_with_a_text_jpg, _load_train_split,
+         ValueError, "notes.jpg"),
+]
 CASES = CASES + POOR
 
 

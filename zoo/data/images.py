@@ -32,6 +32,14 @@ def _high_depth_to_8bit(im):
     return Image.fromarray(np.clip(np.rint(a * scale), 0, 255).astype(np.uint8), mode="L")
 
 
+class UndecodableImage(ValueError):
+    """An image file Pillow opened but could not decode; `reason` is Pillow's error."""
+
+    def __init__(self, message: str, reason: Exception):
+        super().__init__(message)
+        self.reason = reason
+
+
 def open_image(source):
     """A PIL RGB image from a path or PIL image; grey-scale (8-bit, 16-bit or float), palette, CMYK and
     RGBA (onto white) are converted; a file's EXIF orientation is applied."""
@@ -59,7 +67,7 @@ def open_image(source):
                          "safely (Pillow's decompression-bomb limit); resize it first, or raise "
                          "PIL.Image.MAX_IMAGE_PIXELS if you trust the file") from None
     except OSError as e:  # a truncated JPEG/PNG
-        raise ValueError(f"{str(path)!r} could not be decoded ({e}); is the file truncated?") from None
+        raise UndecodableImage(f"{str(path)!r} could not be decoded ({e}); is the file truncated?", e) from None
     except ValueError as e:
         raise ValueError(f"{str(path)!r}: {e}") from None
 
@@ -243,6 +251,7 @@ class ImageFiles:
 
     def _mark_bad(self, k: int, error: Exception) -> None:
         path = self.samples[k][0]
+        error = error.reason if isinstance(error, UndecodableImage) else error  # its message names the path too
         if self.strict:
             raise ValueError(f"{path} cannot be decoded ({error}); remove it, or drop --strict-data to skip "
                              "such files with a warning") from None
@@ -324,8 +333,14 @@ def run_counting_skipped(run, cfg, build_task):
 
 
 def _same_size(folder) -> bool:
-    from PIL import Image
-    sizes = {Image.open(p).size for p, _ in folder.samples[:256]}
+    from PIL import Image, UnidentifiedImageError
+    sizes = set()
+    for p, _ in folder.samples[:256]:
+        try:
+            with Image.open(p) as im:
+                sizes.add(im.size)
+        except (UnidentifiedImageError, Image.DecompressionBombError):
+            open_image(p)  # raises the one-line error naming the file
     return len(sizes) == 1
 
 
