@@ -378,6 +378,18 @@ POOR += [
     Case("traceback", "a text file named .jpg inside an ImageFolder", _folder_with_a_text_jpg, _load_train_split,
          ValueError, "notes.jpg"),
 ]
+
+
+def _lm_run_resumed_by_diffusion(d: Path) -> list[str]:
+    assert LM(lm(d, "--steps", "2")) == 0
+    return ["--data", "digits", "--image-size", "8", "--widths", "8,8", "--steps", "4", "--batch-size", "8",
+            "--workers", "0", "--resume", "--out", str(d / "run")]
+
+
+POOR += [
+    Case("traceback", "--resume from another family's run", _lm_run_resumed_by_diffusion, DIFFUSION, 2,
+         "another model"),
+]
 CASES = CASES + POOR
 
 
