@@ -537,3 +537,24 @@ def test_options_before_the_inputs_are_read_as_options(tmp_path, capsys):
     volume = _volume(tmp_path)
     assert zoo_cli(["predict", "unet3d_seg", "--window", "9", "--out", str(tmp_path / "p.npy"), volume]) == 0
     assert np.load(tmp_path / "p.npy").shape == (8, 8, 8)
+
+
+def test_text_of_unknown_tokens_only_is_classified_with_a_warning():
+    import zoo
+    from zoo.models.bert import minilm_folder
+    model = zoo.load("bert_cls", pretrained=minilm_folder(), num_classes=2, layers=1)
+    with pytest.warns(UserWarning, match=r"text\(s\) \[1\] are all unknown tokens \(\[UNK\]\)"):
+        model.predict(["a fine film", "\U0001F600\U0001F3AC\U0001F37F"])
+
+
+def test_dynamic_batch_export_of_a_batch_1_example_takes_other_batches(tmp_path):
+    pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
+
+    from zoo.accel import export_onnx
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    path = export_onnx(model, (torch.randn(1, 4),), tmp_path / "m.onnx", dynamic_batch=True)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = torch.randn(5, 4)
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(got), model(x).detach(), atol=1e-5, rtol=1e-4)

@@ -39,6 +39,12 @@ def export_program(model: nn.Module, example_inputs: tuple, *, dynamic_batch: bo
     input 0 (a sequence length) dynamic besides the batch."""
     model = unwrap(model).eval()
     example_inputs = tuple(example_inputs)
+    if dynamic_batch:
+        # torch.export specialises a size-1 dimension (0/1 specialisation): a batch-1 example would export a
+        # fixed batch of 1 without a word; a batch of 2 (the first row repeated) traces the same graph
+        example_inputs = tuple(t.expand(2, *t.shape[1:]).contiguous()
+                               if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == 1 else t
+                               for t in example_inputs)
     return torch.export.export(model, example_inputs,
                                dynamic_shapes=_dynamic_shapes(example_inputs, dynamic_batch, dynamic_dims))
 

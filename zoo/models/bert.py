@@ -417,6 +417,11 @@ class BertClassifier(ZooModel):
         if too_long:
             warnings.warn(f"{len(too_long)} text(s) longer than {limit} tokens were truncated", UserWarning,
                           stacklevel=3)
+        unknown = _all_unknown(self.tokenizer, full)
+        if unknown:  # e.g. emoji-only text: the model sees [UNK]s, and its confident answer says nothing
+            warnings.warn(f"text(s) {unknown[:5]} are all unknown tokens ({self.tokenizer.unk_token}) to this "
+                          "tokenizer: the prediction for them says nothing about their content", UserWarning,
+                          stacklevel=3)
         return self.tokenizer(*args, truncation=True, max_length=limit, padding=True, return_tensors="pt")
 
     @torch.no_grad()
@@ -469,6 +474,16 @@ class BertClassifier(ZooModel):
         labels = (torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
                   if self.config.problem == "single_label" else torch.zeros_like(logits))
         return self.loss(logits, labels)
+
+
+def _all_unknown(tokenizer, ids_per_text: list[list[int]]) -> list[int]:
+    """Indices of the texts whose tokens, special tokens aside, are all the tokenizer's unknown token."""
+    unk = tokenizer.unk_token_id
+    if unk is None:  # byte-level tokenizers (RoBERTa's) have no unknown token: every text is known
+        return []
+    special = set(tokenizer.all_special_ids) - {unk}
+    return [i for i, ids in enumerate(ids_per_text)
+            if (words := [t for t in ids if t not in special]) and all(t == unk for t in words)]
 
 
 @dataclass(frozen=True)
