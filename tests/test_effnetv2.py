@@ -115,13 +115,6 @@ def test_predict_converts_images_and_rejects_non_images(tmp_path):
         model.predict([tmp_path / "missing.png"])
 
 
-def test_onnx_export_of_the_family(tmp_path):
-    pytest.importorskip("onnxruntime")
-    model = zoo.load("effnetv2_cls", variant="b0", num_classes=10, stem_stride=1).eval()
-    path = zoo.accel.export_onnx(model, (torch.randn(2, 3, 32, 32),), tmp_path / "b0.onnx")
-    assert zoo.accel.check_onnx(path, model, (torch.randn(3, 3, 32, 32),)) < 1e-4
-
-
 def test_training_script_npz_eval_only_and_linear_probe(tmp_path):
     import json
     import subprocess
