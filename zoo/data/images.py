@@ -159,23 +159,40 @@ def load_train_and_held_out(path: str | Path, *, val_fraction: float, eval_path:
     from `path`'s own (x_test / test/ / val/), else `val_fraction` of the training images drawn at random
     with a fixed `seed` (0: no evaluation, x_val and y_val None). Logs which one it used."""
     import numpy as np
+    _check_val_fraction(val_fraction)
+    x, y, names = load_image_split(path, "train")
+    held, split = _held_out(lambda: load_image_split(eval_path or path, "test"), len(x), val_fraction=val_fraction,
+                            eval_path=eval_path, path=path, seed=seed)
+    if held is not None:
+        return x, y, held[0], held[1], names
+    if split is None:
+        return x, y, None, None, names
+    train, val = split
+    y = np.asarray(y)
+    return x[train], y[train], x[val], y[val], names
+
+
+def _check_val_fraction(val_fraction: float) -> None:
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"--val-fraction is the share of training images held out, in [0, 1); got {val_fraction}")
-    x, y, names = load_image_split(path, "train")
+
+
+def _held_out(load_test, n: int, *, val_fraction: float, eval_path, path, seed: int):
+    """The one rule for the evaluation set, for arrays and folders alike: (held, None) with held = load_test(),
+    `eval_path`'s or `path`'s own test split, when there is one; else (None, (train indices, held-out indices))
+    for `val_fraction` of the `n` training images; (None, None) for --val-fraction 0. Logs which."""
     try:
-        x_val, y_val, _ = load_image_split(eval_path or path, "test")
+        held = load_test()
         log.info("evaluating on the held-out split of %s", eval_path or path)
-        return x, y, x_val, y_val, names
+        return held, None
     except MissingSplit as e:
         if eval_path:
             raise
         reason = str(e)
     if val_fraction == 0:
         log.info("%s; --val-fraction 0: no evaluation, no metrics stored", reason)
-        return x, y, None, None, names
-    train, val = _hold_out(len(x), val_fraction, seed, path, reason)
-    y = np.asarray(y)
-    return x[train], y[train], x[val], y[val], names
+        return None, None
+    return None, _hold_out(n, val_fraction, seed, path, reason)
 
 
 def _hold_out(n: int, val_fraction: float, seed: int, path, reason: str):
@@ -282,8 +299,7 @@ def image_folder_datasets(path: str | Path, *, val_fraction: float, eval_path: s
     test/ or val/, else `val_fraction` of the training files with a fixed `seed` (0: None). Transforms
     are left unset: assign `.transform` on each.
     """
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"--val-fraction is the share of training images held out, in [0, 1); got {val_fraction}")
+    _check_val_fraction(val_fraction)
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"{path}: expected an ImageFolder directory")
@@ -291,25 +307,20 @@ def image_folder_datasets(path: str | Path, *, val_fraction: float, eval_path: s
     names = list(folder.classes)
     train = ImageFiles(folder.samples, strict=strict, root=root)
     source = Path(eval_path) if eval_path else path
-    try:
+
+    def load_test():
         if source.is_dir():
             held_root, held = _folder_split(source, "test")
             if list(held.classes) != names:  # ImageFolder numbers classes by name: they must be the same
                 raise ValueError(f"{held_root} has classes {held.classes} but {root} has {names}")
-            held_out = ImageFiles(held.samples, strict=strict, root=held_root)
-        else:
-            x, y, _ = load_image_split(source, "test")
-            held_out = ArrayImages(x, y)
-        log.info("evaluating on the held-out split of %s", source)
+            return ImageFiles(held.samples, strict=strict, root=held_root)
+        x, y, _ = load_image_split(source, "test")
+        return ArrayImages(x, y)
+    held_out, split = _held_out(load_test, len(train), val_fraction=val_fraction, eval_path=eval_path, path=path,
+                                seed=seed)
+    if held_out is not None or split is None:
         return train, held_out, names
-    except MissingSplit as e:
-        if eval_path:
-            raise
-        reason = str(e)
-    if val_fraction == 0:
-        log.info("%s; --val-fraction 0: no evaluation, no metrics stored", reason)
-        return train, None, names
-    kept, val = _hold_out(len(train), val_fraction, seed, path, reason)
+    kept, val = split
     samples = train.samples
     return (ImageFiles([samples[i] for i in kept], strict=strict, root=root),
             ImageFiles([samples[i] for i in val], strict=strict, root=root), names)
