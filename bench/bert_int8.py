@@ -20,7 +20,7 @@ import zoo  # noqa: E402
 from zoo.accel import cast, model_size_bytes, quantize, with_autocast  # noqa: E402
 from zoo.bench import time_call  # noqa: E402
 from zoo.accel.compile import compile as zoo_compile  # noqa: E402
-from zoo.data.text import read_labelled_texts  # noqa: E402
+from zoo.data.tables import read_labelled_texts  # noqa: E402
 
 
 def accuracy(model, batches, labels) -> float:

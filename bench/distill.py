@@ -18,7 +18,7 @@ import zoo
 from zoo.accel import hardware
 from zoo.accel.variants import Variant
 from zoo.bench import build_rows, matmul_peak_gflops, time_rows
-from zoo.data.text import read_labelled_texts
+from zoo.data.tables import read_labelled_texts
 
 
 def dev_batches(model, path: str, size: int = 32):

@@ -122,7 +122,7 @@ def _load_test_split(path):
 
 
 def _read_labelled_texts(path):
-    from zoo.data.text import read_labelled_texts
+    from zoo.data.tables import read_labelled_texts
     return read_labelled_texts(path, "sentence", "label")
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.data.text import infer_problem, read_labelled_texts
+from zoo.data.tables import infer_problem, read_labelled_texts
 from zoo.models.bert import to_hf_config
 
 transformers = pytest.importorskip("transformers")

@@ -20,8 +20,8 @@ import sys
 import torch
 
 import zoo
-from zoo.data.text import (LengthGroupedBatches, infer_problem, read_labelled_texts, regression_targets,
-                           split_label_lists)
+from zoo.data.tables import infer_problem, read_labelled_texts, regression_targets, split_label_lists
+from zoo.data.text import LengthGroupedBatches
 from zoo.models.bert import minilm_folder
 from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
