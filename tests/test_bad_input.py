@@ -390,6 +390,54 @@ POOR += [
     Case("traceback", "--resume from another family's run", _lm_run_resumed_by_diffusion, DIFFUSION, 2,
          "another model"),
 ]
+
+
+# ------------------------------------------------------------------ issue 17: bad data, one line each
+
+
+def EFFNET(argv: list[str]) -> int:
+    return train("effnetv2_cls", argv)
+
+
+def _class_folder_without_images(d: Path) -> Path:
+    folder = image_folder(d, n_per_class=2)
+    (folder / "c").mkdir()
+    (folder / "c" / "notes.txt").write_text("no image here")
+    return folder
+
+
+def _table(name: str, text: str | bytes):
+    def write(d: Path) -> str:
+        (d / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+        return str(d / name)
+    return write
+
+
+_SENTENCES = "sentence\tlabel\na gripping film\t1\n"
+POOR += [
+    Case("issue 17", "an empty image folder", lambda d: _run(d, "--data", str((d / "photos").mkdir() or d / "photos")),
+         EFFNET, 2, "no class sub-folders"),
+    Case("issue 17", "a class folder with no images", lambda d: _run(d, "--data", str(_class_folder_without_images(d))),
+         EFFNET, 2, "'c' hold no images"),
+    Case("issue 17", "a TSV without the named column", _table("t.tsv", _SENTENCES.replace("sentence", "text")),
+         _read_labelled_texts, ValueError, "no column 'sentence'; its columns are 'text', 'label'"),
+    Case("issue 17", "a CSV without the named column", _table("t.csv", "review,label\ngreat,1\n"),
+         _read_labelled_texts, ValueError, "its columns are 'review', 'label'"),
+    Case("issue 17", "a JSONL without the named column", _table("t.jsonl", '{"text": "great", "label": 1}\n'),
+         _read_labelled_texts, ValueError, "its columns are 'text', 'label'"),
+    Case("issue 17", "a TSV without the named column, bert_cls script",
+         lambda d: _run(d, "--data", _table("t.tsv", _SENTENCES)(d), "--label-column", "stars"), BERT, 2,
+         "no column 'stars'"),
+    Case("issue 17", "a TSV of a header only", _table("t.tsv", "sentence\tlabel\n"), _read_labelled_texts,
+         ValueError, "holds no examples"),
+    Case("issue 17", "an empty CSV", _table("t.csv", ""), _read_labelled_texts, ValueError, "holds no examples"),
+    Case("issue 17", "an empty table, bert_cls script", lambda d: _run(d, "--data", _table("t.jsonl", "\n")(d)),
+         BERT, 2, "holds no examples"),
+    Case("issue 17", "a JSONL line that is no JSON", _table("t.jsonl", '{"sentence": "a", "label": 1}\n{"sentence"\n'),
+         _read_labelled_texts, ValueError, "line 2: not JSON"),
+    Case("issue 17", "a table that is not UTF-8", _table("t.csv", b"sentence,label\ncaf\xe9,1\n"),
+         _read_labelled_texts, ValueError, "not UTF-8"),
+]
 CASES = CASES + POOR
 
 

@@ -9,6 +9,8 @@ Label names come from the data (sorted, numerically when all labels are integers
 given in that order. The label column says the task: class names or ids (single label: accuracy, macro-F1),
 comma lists "a,b" (multi-label, sigmoid + BCE: micro-/macro-F1), numbers with fractions (regression, MSE:
 Pearson, Spearman); --problem says it where the column cannot. --text-pair-column makes sentence pairs.
+A table is read once to check its rows and note where each starts; rows are read and tokenised again per
+batch (in the --workers), so tables larger than memory train. Batches group rows of similar size in bytes.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import sys
 import torch
 
 import zoo
-from zoo.data.tables import infer_problem, read_labelled_texts, regression_targets, split_label_lists
+from zoo.data.tables import TextTable, split_label
 from zoo.data.text import LengthGroupedBatches
 from zoo.models.bert import minilm_folder
 from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
@@ -29,17 +31,20 @@ log = logging.getLogger("zoo.train")
 
 
 class Encoded(torch.utils.data.Dataset):
-    """Token ids, token types (None: all type 0) and labels; an item also carries its index, which regression's
-    evaluation needs (see `regression_metrics`)."""
+    """A table's rows tokenised when they are asked for (in the DataLoader's workers, so memory does not grow
+    with the file): token ids, token types (None: all type 0), the target, and the row's index, which
+    regression's evaluation needs (see `regression_metrics`)."""
 
-    def __init__(self, ids: list[list[int]], types: list[list[int]] | None, labels: list):
-        self.ids, self.types, self.labels = ids, types, labels
+    def __init__(self, table: TextTable, tokenize, target):
+        self.table, self.tokenize, self.target = table, tokenize, target
 
     def __len__(self):
-        return len(self.ids)
+        return len(self.table)
 
     def __getitem__(self, i):
-        return self.ids[i], self.types[i] if self.types is not None else None, self.labels[i], i
+        text, label = self.table[i]
+        ids, types = self.tokenize(text)
+        return ids, types, self.target(label), i
 
 
 def collate(batch, pad: int = 0):
@@ -148,8 +153,8 @@ def build_task(cfg) -> Task:
     if cfg.data is None and not cfg.eval_only:
         raise ValueError("--data FILE is required for training (TSV, CSV or JSONL)")
     columns = (a["text_column"], a["label_column"], a["text_pair_column"])
-    train = read_labelled_texts(cfg.data, *columns) if not cfg.eval_only else None
-    dev = read_labelled_texts(a["eval"], *columns) if a["eval"] else None
+    train = TextTable(cfg.data, *columns) if not cfg.eval_only else None  # one pass each: rows checked, offsets
+    dev = TextTable(a["eval"], *columns) if a["eval"] else None
 
     if a["layers"] is not None and a["layers"] < 1:
         raise ValueError(f"--layers {a['layers']}: keep at least one encoder layer")
@@ -161,15 +166,13 @@ def build_task(cfg) -> Task:
     if cfg.eval_only:  # the weights say what the outputs mean
         model = zoo.load("bert_cls", pretrained=minilm_folder() if cfg.pretrained in (None, "minilm")
                          else cfg.pretrained, **overrides)
-    all_labels = (train or ([], []))[1] + (dev or ([], []))[1]
-    problem = a["problem"] or (model.config.problem if model is not None else infer_problem(
-        all_labels, f"--label-column {a['label_column']!r}"))
-    if problem == "multi_label":
-        raw_labels = sort_labels(set().union(*split_label_lists((train or dev)[1])))
-    elif problem == "single_label":
-        raw_labels = sort_labels(set((train or dev)[1]))
-    else:
+    all_labels = train.labels | dev.labels if train and dev else (train or dev).labels
+    problem = a["problem"] or (model.config.problem if model is not None else all_labels.problem())
+    if problem == "regression":
+        all_labels.check_regression()
         raw_labels = [a["label_column"]]  # one target: the head's one output is named after it
+    else:
+        raw_labels = sort_labels((train or dev).labels.classes(problem))
     names = a["label_names"].split(",") if a["label_names"] else raw_labels
     if len(names) != len(raw_labels):
         raise ValueError(f"--label-names gives {len(names)} names for {len(raw_labels)} labels {raw_labels}")
@@ -198,26 +201,14 @@ def build_task(cfg) -> Task:
     max_length = min(a["max_length"], model.config.max_length)  # RoBERTa: 2 position rows fewer
     token_types = model.config.type_vocab_size > 1  # BERT's segment ids for pairs; RoBERTa/DistilBERT: none
 
-    def targets(labels, source):
-        if problem == "regression":
-            return regression_targets(labels, source)
-        rows = split_label_lists(labels) if problem == "multi_label" else [[label] for label in labels]
-        unknown = sorted({label for row in rows for label in row} - set(index))
+    for table in (train, dev):  # every label known before the first batch, not found missing in a worker
+        unknown = sorted(table.labels.classes(problem) - set(index)) if table and problem != "regression" else []
         if unknown:
-            raise ValueError(f"labels {unknown[:5]} in {source} are not in the training labels {list(index)}")
-        if problem == "single_label":
-            return [index[label] for label, in rows]
-        return [[float(name in row) for name in index] for row in rows]  # multi-hot over the label set
-
-    def encode(texts_labels, source):
-        texts, labels = texts_labels
-        pairs = ([t for t, _ in texts], [p for _, p in texts]) if a["text_pair_column"] else (texts,)
-        enc = model.tokenizer(*pairs, truncation=True, max_length=max_length)
-        types = enc.get("token_type_ids") if token_types else None
-        return Encoded(enc["input_ids"], types, targets(labels, source))
-
-    train_data = encode(train, cfg.data) if train else None
-    eval_data = encode(dev, a["eval"]) if dev else None
+            raise ValueError(f"labels {unknown[:5]} in {table.path} are not in the training labels {list(index)}")
+    target = functools.partial(_target, problem=problem, index=index)
+    tokenize = functools.partial(_tokenize, model.tokenizer, max_length=max_length, token_types=token_types)
+    train_data = Encoded(train, tokenize, target) if train else None
+    eval_data = Encoded(dev, tokenize, target) if dev else None
     if problem == "regression":
         metric_step, summarize = regression_metrics(len(eval_data) if eval_data else 0)
     else:
@@ -238,13 +229,30 @@ def build_task(cfg) -> Task:
         name="bert_cls", model=model, train_data=train_data, eval_data=eval_data,
         loss=loss, eval_step=eval_step, summarize=summarize,
         collate=functools.partial(collate, pad=model.config.pad_token_id),
-        batch_sampler=(lambda sampler, bs: LengthGroupedBatches(sampler, [len(x) for x in train_data.ids], bs,
-                                                                 seed=cfg.seed)) if train_data else None,
+        # rows grouped by their size in the file, a proxy of their token count that needs no tokenising up front
+        batch_sampler=(lambda sampler, bs: LengthGroupedBatches(sampler, train.row_bytes(), bs, seed=cfg.seed))
+        if train_data else None,
         eval_batch_size=128,
         meta={"labels": names, "dataset": f"train {cfg.data}; evaluated on {a['eval']}",
               "preprocessing": {"tokenizer": model.config.tokenizer, "max_length": max_length,
                                 **({"text_pair_column": a["text_pair_column"]} if a["text_pair_column"] else {})}},
     )
+
+
+def _target(label: str, *, problem: str, index: dict[str, int]):
+    """A raw label as the loss takes it: a class id, a float, or a multi-hot row over the label set."""
+    if problem == "regression":
+        return float(label)
+    if problem == "single_label":
+        return index[label]
+    names = set(split_label(label))
+    return [float(name in names) for name in index]
+
+
+def _tokenize(tokenizer, text, *, max_length: int, token_types: bool):
+    """(token ids, token types or None) of a text or a (text, pair)."""
+    enc = tokenizer(*((text,) if isinstance(text, str) else text), truncation=True, max_length=max_length)
+    return enc["input_ids"], enc.get("token_type_ids") if token_types else None
 
 
 def main(argv=None):

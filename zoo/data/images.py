@@ -210,6 +210,7 @@ def _hold_out(n: int, val_fraction: float, seed: int, path, reason: str):
 def _folder_split(path: Path, split: str):
     """(root, torchvision ImageFolder) of `split` in train|test of an ImageFolder tree; files listed, none read."""
     from torchvision.datasets import ImageFolder
+    from torchvision.datasets.folder import IMG_EXTENSIONS
     if split == "train":
         root = path / split if (path / split).is_dir() else path
     else:  # never the training images themselves: scores on them would be stored as held-out metrics
@@ -217,9 +218,14 @@ def _folder_split(path: Path, split: str):
         if not found:
             raise MissingSplit(f"{path} has no {' or '.join(f'{n}/' for n in HELD_OUT_SPLITS)} sub-folder")
         root = found[0]
-    folder = ImageFolder(str(root), loader=open_image)
-    if not folder.samples:
-        raise ValueError(f"{root} holds no images in class sub-folders")
+    if not any(d.is_dir() for d in root.iterdir()):
+        raise ValueError(f"{root} has no class sub-folders; an ImageFolder holds one sub-folder of images per "
+                         f"class ({root / 'cat' / '1.jpg'}, {root / 'dog' / '2.jpg'}, ...)")
+    folder = ImageFolder(str(root), loader=open_image, allow_empty=True)
+    empty = sorted(set(folder.classes) - {folder.classes[t] for t in folder.targets})
+    if empty:  # a class without examples could never be predicted, and its metrics would be nonsense
+        raise ValueError(f"{root}: class folder(s) {', '.join(map(repr, empty))} hold no images "
+                         f"({', '.join(IMG_EXTENSIONS)}); add images or remove the folder(s)")
     return root, folder
 
 
