@@ -56,7 +56,14 @@ class TrainConfig:
                                                 "parameter dtype)", choices=["fp32", "bf16", "fp16"])
     fsdp_offload: bool = _flag(False, "--dist fsdp: keep the sharded parameters, gradients and optimiser state in "
                                       "CPU memory (the optimiser steps on the CPU)")
-    workers: int | None = _flag(None, "DataLoader workers (default: picked from the machine)")
+    workers: int | None = _flag(None, "DataLoader worker processes that read and augment the training and "
+                                      "evaluation data; they persist across epochs, and on CUDA batches come in "
+                                      "pinned memory (default: 0 with 2 cores or fewer per process, else one core "
+                                      "fewer than each process has, at most 8). Each sample's augmentation is "
+                                      "seeded from --seed, its epoch and its index, so results and --resume do "
+                                      "not depend on the number")
+    prefetch_factor: int = _flag(2, "batches each worker loads ahead (with --workers > 0); raise it when reading "
+                                    "is bursty, lower it when a batch is large in memory", metavar="BATCHES")
     out: str = _flag("runs/latest", "run folder: checkpoints, metrics, final weights")
     resume: str | None = _flag(None, "resume from the latest checkpoint in --out, or from PATH",
                                nargs="?", const="auto", metavar="PATH")
@@ -102,7 +109,10 @@ class TrainConfig:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.resume and self.overwrite:
             raise ValueError("--resume continues the run in --out and --overwrite deletes it: give one of them")
-        for name in ("batch_size", "grad_accum", "keep", "log_every"):
+        if self.workers is not None and self.workers < 0:
+            raise ValueError(f"--workers is a number of processes >= 0 (0: read in the training process), "
+                             f"got {self.workers}")
+        for name in ("batch_size", "grad_accum", "keep", "log_every", "prefetch_factor"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:

@@ -33,6 +33,7 @@ from torch.utils.data.distributed import DistributedSampler
 from zoo._io import atomic_write_bytes
 from zoo.accel.amp import autocast, grad_scaler, resolve_dtype
 from zoo.accel.compile import compile as zoo_compile
+from zoo.data.seeding import SeededSamples
 from zoo.models.base import ZooModel
 from zoo.train.best import BestTracker, best_file, best_files
 from zoo.train.distill import Distillation
@@ -108,13 +109,15 @@ def decay_param_groups(model: nn.Module, weight_decay: float, lr: float | None =
 
 
 class _ResumableBatches:
-    """A batch sampler that can skip the batches already consumed in this epoch (exact resume)."""
+    """A batch sampler that can skip the batches already consumed in this epoch (exact resume), yielding each
+    index as the key (epoch, index) that `SeededSamples` seeds the sample's augmentation from."""
 
     def __init__(self, batches):
-        self.batches, self.skip = batches, 0
+        self.batches, self.skip, self.epoch = batches, 0, 0
 
     def __iter__(self):
-        return itertools.islice(iter(self.batches), self.skip, None)
+        for batch in itertools.islice(iter(self.batches), self.skip, None):
+            yield [(self.epoch, i) for i in batch]
 
     def __len__(self):
         return len(self.batches) - self.skip
@@ -245,10 +248,12 @@ class Trainer:
     # ------------------------------------------------------------------ data
 
     def _loader_options(self) -> dict:
+        # pinned host memory makes the copies to the GPU asynchronous (non_blocking in _to_device); workers
+        # persist across epochs, so an epoch does not start by forking and importing again
         opts = {"num_workers": self.workers, "collate_fn": self.task.collate,
                 "pin_memory": self.device.type == "cuda"}
         if self.workers > 0:
-            opts.update(persistent_workers=True, prefetch_factor=2)
+            opts.update(persistent_workers=True, prefetch_factor=self.cfg.prefetch_factor)
         return opts
 
     def _train_loader(self) -> DataLoader:
@@ -261,11 +266,12 @@ class Trainer:
         else:
             batches = torch.utils.data.BatchSampler(self.sampler, cfg.batch_size, drop_last=True)
         self.batches = _ResumableBatches(batches)
-        # The loader draws its workers' base seed when an epoch starts; from its own generator, reseeded
-        # per epoch, that draw neither shifts the global RNG (dropout) nor differs after a resume.
-        self.loader_rng = torch.Generator()
-        return DataLoader(self.task.train_data, batch_sampler=self.batches, generator=self.loader_rng,
-                          **self._loader_options())
+        # Each sample's augmentation is seeded from (seed, epoch, index), so it is the same in any worker, for
+        # any --workers and after a resume. The loader draws its workers' base seed (unused by the data now)
+        # whenever an iterator starts, also mid-epoch after a resume: from its own generator, that draw does
+        # not shift the global RNG that dropout uses.
+        return DataLoader(SeededSamples(self.task.train_data, cfg.seed), batch_sampler=self.batches,
+                          generator=torch.Generator(), **self._loader_options())
 
     def _eval_batches(self) -> Iterable[tuple[Any, bool]]:
         """(batch, counted): this rank's shard of the evaluation data (every example once, no padding), then
@@ -529,8 +535,7 @@ class Trainer:
             self._evaluate_step(metrics, bar, done=self.step == self.total_steps)
         while self.step < self.total_steps and self.stopped_early_at is None:
             self.sampler.set_epoch(self.epoch)
-            self.loader_rng.manual_seed(cfg.seed * 100_003 + self.epoch * 1009 + ctx.rank)
-            self.batches.skip = self.batch_in_epoch
+            self.batches.epoch, self.batches.skip = self.epoch, self.batch_in_epoch
             micro = 0
             for batch in self.train_loader:
                 batch = _to_device(batch, self.device)
@@ -791,7 +796,7 @@ def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str
         seed_everything(cfg.seed)  # same initial weights on every rank
         task = build_task(cfg)
         trainer = Trainer(cfg, task, ctx)
-        seed_everything(cfg.seed + ctx.rank)  # different dropout / augmentation streams per rank
+        seed_everything(cfg.seed + ctx.rank)  # different dropout streams per rank (augmentation: per sample)
         if cfg.resume:
             path = find_checkpoint(cfg.resume, cfg.out)
             if path is not None:
