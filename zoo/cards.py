@@ -58,12 +58,17 @@ BENCH_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 
 def render_model_cards() -> str:
+    from zoo.bench import results_heading
     parts = [HEADER]
     for name in list_models():
         card = render_card(name, shipped_meta(get_entry(name)))
-        # measured tables saved by the bench scripts (bench/results/NAME*.txt), quoted as they were printed
+        # measured tables saved by the bench scripts (bench/results/TABLE.TAG.txt, TABLE starting with the
+        # family's name, TAG the machine's class), quoted as they were printed; each machine class's table of
+        # the same TABLE one after the other
         for table in sorted(BENCH_DIR.glob(f"{name}*.txt")) if BENCH_DIR.is_dir() else []:
-            card += f"\n### benchmark: {table.stem}\n\n```\n{table.read_text().rstrip()}\n```\n"
+            stem, _, tag = table.stem.rpartition(".")
+            card += (f"\n### benchmark: {stem or tag} ({results_heading(tag if stem else '')})\n\n"
+                     f"```\n{table.read_text().rstrip()}\n```\n")
         parts.append(card)
     return "\n".join(parts)
 

@@ -59,7 +59,7 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
     backend (int8_dynamic): "torchao" keeps the model object (its methods, any input shape); "pt2e"
     traces the model on `example_inputs` with torch.export and quantizes it for x86's oneDNN int8 kernels,
     which `zoo.accel.compile(q, freeze=True)` reaches (BERT on SST-2 with int8 embeddings: 2.25x fp32
-    compiled, against torchao's 1.35x; -0.1 pt; 3.9x smaller; bench/results/bert_cls_int8.txt). PT2E models
+    compiled, against torchao's 1.35x; -0.1 pt; 3.9x smaller; bench/results/bert_cls_int8.amx.txt). PT2E models
     (and int8_static) are graph modules without the model's other methods; their batch dimension stays
     dynamic, and `dynamic_dims` adds others, e.g. {0: (1,), 1: (1,)} for a sequence length in inputs 0 and 1.
     """
