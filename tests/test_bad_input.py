@@ -438,6 +438,25 @@ POOR += [
     Case("issue 17", "a table that is not UTF-8", _table("t.csv", b"sentence,label\ncaf\xe9,1\n"),
          _read_labelled_texts, ValueError, "not UTF-8"),
 ]
+
+
+def _text_shard_without_labels(d: Path) -> str:
+    import io
+    import tarfile
+    with tarfile.open(d / "text-000000.tar", "w") as tar:
+        for name in ("0.txt", "1.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 4
+            tar.addfile(info, io.BytesIO(b"fine"))
+    return str(d / "text-000000.tar")
+
+
+POOR += [
+    Case("issue 17", "a shard pattern matching nothing",
+         lambda d: _run(d, "--data", str(d / "shards" / "train-{000000..000003}.tar")), EFFNET, 2, "matches no file"),
+    Case("issue 17", "a shard without the expected keys, bert_cls script",
+         lambda d: _run(d, "--data", _text_shard_without_labels(d)), BERT, 2, "has txt but no label (.cls)"),
+]
 CASES = CASES + POOR
 
 

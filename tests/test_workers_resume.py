@@ -25,14 +25,16 @@ def folder(tmp_path_factory):
     return root
 
 
-def effnet_task(folder):
+def effnet_task(train):
+    """A 50k-parameter EfficientNetV2 (b0's six stages, narrow, one block each; drop path draws in the loop)
+    trained on `train` (uint8 images, labels 0..2) with the image folders' training augmentation:
+    random-resized-crop, flip, TrivialAugment."""
     import zoo
-    torch.manual_seed(0)  # b0's six stages, narrow and one block deep: 50k parameters; drop path draws in the loop
+    torch.manual_seed(0)
     model = zoo.load("effnetv2_cls", num_classes=3, drop_path_rate=0.2, widths=(8, 8, 16, 16, 24, 32, 32, 64),
                      depths=(1, 1, 1, 1, 1, 1))
-    train, _, _ = image_folder_datasets(folder, val_fraction=0)
-    # the folder path's training augmentation: random-resized-crop, flip, TrivialAugment
-    train.transform = train_transform(32, small=False, augment="trivial", mean=[0.5] * 3, std=[0.25] * 3)
+    transform = train_transform(32, small=False, augment="trivial", mean=[0.5] * 3, std=[0.25] * 3)
+    train.transform = transform
     return Task(name="effnetv2_cls", model=model, train_data=train, eval_data=None,
                 loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
                 eval_step=lambda m, b: {}, summarize=lambda s: {}, class_dim=-1)
@@ -40,7 +42,7 @@ def effnet_task(folder):
 
 def trained(folder, out, workers, *, resume_from=None, **flags):
     cfg = TrainConfig(steps=4, warmup=1, batch_size=4, workers=workers, log_every=1, out=str(out), **flags)
-    trainer = Trainer(cfg, effnet_task(folder), CPU)
+    trainer = Trainer(cfg, effnet_task(image_folder_datasets(folder, val_fraction=0)[0]), CPU)
     if resume_from is not None:
         trainer.load_checkpoint(resume_from)
     trainer.fit()

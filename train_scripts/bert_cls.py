@@ -11,6 +11,9 @@ comma lists "a,b" (multi-label, sigmoid + BCE: micro-/macro-F1), numbers with fr
 Pearson, Spearman); --problem says it where the column cannot. --text-pair-column makes sentence pairs.
 A table is read once to check its rows and note where each starts; rows are read and tokenised again per
 batch (in the --workers), so tables larger than memory train. Batches group rows of similar size in bytes.
+--data and --eval may also be WebDataset tar shards ('shards/train-{000000..000099}.tar', pip install
+webdataset) holding per sample a text (KEY.txt, UTF-8) and its label (KEY.cls, read as a label column
+is); training streams them across processes and workers as zoo.data.shards describes.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import sys
 import torch
 
 import zoo
+from zoo.data.shards import ShardIndex, ShardStream, TextShards, is_shard_pattern
 from zoo.data.tables import TextTable, split_label
 from zoo.data.text import LengthGroupedBatches
 from zoo.models.bert import minilm_folder
@@ -153,8 +157,8 @@ def build_task(cfg) -> Task:
     if cfg.data is None and not cfg.eval_only:
         raise ValueError("--data FILE is required for training (TSV, CSV or JSONL)")
     columns = (a["text_column"], a["label_column"], a["text_pair_column"])
-    train = TextTable(cfg.data, *columns) if not cfg.eval_only else None  # one pass each: rows checked, offsets
-    dev = TextTable(a["eval"], *columns) if a["eval"] else None
+    train = _table(cfg.data, columns) if not cfg.eval_only else None  # one pass each: rows checked, offsets
+    dev = _table(a["eval"], columns) if a["eval"] else None
 
     if a["layers"] is not None and a["layers"] < 1:
         raise ValueError(f"--layers {a['layers']}: keep at least one encoder layer")
@@ -208,6 +212,8 @@ def build_task(cfg) -> Task:
     target = functools.partial(_target, problem=problem, index=index)
     tokenize = functools.partial(_tokenize, model.tokenizer, max_length=max_length, token_types=token_types)
     train_data = Encoded(train, tokenize, target) if train else None
+    if isinstance(train, TextShards):  # read in the order and across the ranks that zoo.data.shards describes
+        train_data = ShardStream(train_data, train.index, seed=cfg.seed)
     eval_data = Encoded(dev, tokenize, target) if dev else None
     if problem == "regression":
         metric_step, summarize = regression_metrics(len(eval_data) if eval_data else 0)
@@ -231,12 +237,22 @@ def build_task(cfg) -> Task:
         collate=functools.partial(collate, pad=model.config.pad_token_id),
         # rows grouped by their size in the file, a proxy of their token count that needs no tokenising up front
         batch_sampler=(lambda sampler, bs: LengthGroupedBatches(sampler, train.row_bytes(), bs, seed=cfg.seed))
-        if train_data else None,
+        if isinstance(train, TextTable) else None,
         eval_batch_size=128,
         meta={"labels": names, "dataset": f"train {cfg.data}; evaluated on {a['eval']}",
               "preprocessing": {"tokenizer": model.config.tokenizer, "max_length": max_length,
                                 **({"text_pair_column": a["text_pair_column"]} if a["text_pair_column"] else {})}},
     )
+
+
+def _table(path: str, columns: tuple[str, str, str | None]) -> TextTable | TextShards:
+    """The rows of a table file, or the samples of text shards (a .txt and a .cls each)."""
+    if not is_shard_pattern(path):
+        return TextTable(path, *columns)
+    if columns[2] is not None:
+        raise ValueError(f"--text-pair-column: text shards hold one text per sample (KEY.txt); {path!r} cannot "
+                         "give pairs, a table can")
+    return TextShards(ShardIndex(path, TextShards.FIELDS))
 
 
 def _target(label: str, *, problem: str, index: dict[str, int]):

@@ -13,6 +13,11 @@ training and resized + centre-cropped for evaluation. An undecodable file is ski
 names it (--strict-data: an error). Data without a test split is evaluated on
 --val-fraction of its training images, held out (seed 0). --eval-data takes the held-out set from another
 file, e.g. train on cifar10_train50k.npz and test on cifar10_small.npz.
+
+WebDataset tar shards (--data 'shards/train-{000000..000099}.tar', pip install webdataset) hold per sample
+an image (KEY.jpg, .jpeg, .png, .webp or .bmp) and its class id (KEY.cls, an integer). Each process reads
+whole shards (at least one each), its samples in a seeded order per epoch, every sample once per epoch with
+shards of equal size; --resume continues after the samples consumed. Evaluation reads --eval-data shards.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import torch.nn.functional as F
 import zoo
 from zoo.data.images import (ArrayImages, image_folder_datasets, load_train_and_held_out, run_counting_skipped,
                               tensor_eval_transform, train_transform)
+from zoo.data.shards import ShardStream, image_shards, is_shard_pattern
 from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
 CIFAR_MEAN, CIFAR_STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
@@ -35,9 +41,13 @@ IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 def build_task(cfg) -> Task:
     a = cfg.extra
     if cfg.data is None:
-        raise ValueError("--data is required: an ImageFolder directory or an .npz with x_train/y_train")
-    folder = Path(cfg.data).is_dir()
-    if folder:  # files listed, decoded per item in the DataLoader's workers: any sizes, any number
+        raise ValueError("--data is required: an ImageFolder directory, an .npz with x_train/y_train or tar shards")
+    shards = is_shard_pattern(cfg.data)
+    folder = Path(cfg.data).is_dir() or shards  # images of any sizes, decoded per item in the DataLoader's workers
+    if shards:  # samples indexed, read in the order and across the ranks that zoo.data.shards describes
+        train_data, eval_data, names = image_shards(cfg.data, eval_pattern=a["eval_data"])
+        size = a["image_size"]
+    elif folder:  # files listed: any number
         train_data, eval_data, names = image_folder_datasets(
             cfg.data, val_fraction=a["val_fraction"], eval_path=a["eval_data"], strict=a["strict_data"])
         size = a["image_size"]  # else the model's preprocessing, below
@@ -106,6 +116,8 @@ def build_task(cfg) -> Task:
         train_data.transform = train_transform(size, small=crop_as_small, augment=a["augment"], mean=mean, std=std)
     if eval_data is not None:
         eval_data.transform = tensor_eval_transform(size, small=crop_as_small, mean=mean, std=std, resize=resize)
+    if shards:
+        train_data = ShardStream(train_data, train_data.index, seed=cfg.seed)
     return Task(
         class_dim=-1,  # logits over the last dimension: --teacher can distil into it
         name="effnetv2_cls", model=model,
@@ -132,7 +144,7 @@ def main(argv=None):
     g.add_argument("--stem-stride", type=int, default=None, help="1 keeps resolution for small images (default "
                    "for images <= 64 px)")
     g.add_argument("--eval-data", default=None, help="held-out set (.npz x_test/y_test or ImageFolder test/) "
-                   "when --data has none")
+                   "when --data has none; with shards as --data, a shard pattern")
     g.add_argument("--val-fraction", type=float, default=0.1, help="share of the training images held out for "
                    "evaluation when the data has no test split (x_test, test/ or val/); 0: no evaluation")
     g.add_argument("--image-size", type=int, default=None, help="train/eval size (default: the .npz's; for an "

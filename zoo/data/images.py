@@ -41,15 +41,17 @@ class UndecodableImage(ValueError):
 
 
 def open_image(source):
-    """A PIL RGB image from a path or PIL image; grey-scale (8-bit, 16-bit or float), palette, CMYK and
-    RGBA (onto white) are converted; a file's EXIF orientation is applied."""
+    """A PIL RGB image from a path, a binary file object (named by its str in errors) or a PIL image;
+    grey-scale (8-bit, 16-bit or float), palette, CMYK and RGBA (onto white) are converted; a file's EXIF
+    orientation is applied."""
     from PIL import Image, ImageOps, UnidentifiedImageError
     if isinstance(source, Image.Image):
         if source.mode.startswith("I") or source.mode == "F":
             source = _high_depth_to_8bit(source)
         return source.convert("RGB")
     from zoo._io import existing
-    path = existing(source, "file", "image", "an image file (JPEG, PNG, BMP, ...)")
+    path = source if hasattr(source, "read") else existing(source, "file", "image",
+                                                            "an image file (JPEG, PNG, BMP, ...)")
     try:
         with Image.open(path) as im:
             im = ImageOps.exif_transpose(im)  # phones store portrait photos landscape, with an EXIF rotation

@@ -57,11 +57,11 @@ class TrainConfig:
     fsdp_offload: bool = _flag(False, "--dist fsdp: keep the sharded parameters, gradients and optimiser state in "
                                       "CPU memory (the optimiser steps on the CPU)")
     workers: int | None = _flag(None, "DataLoader worker processes that read and augment the training and "
-                                      "evaluation data; they persist across epochs, and on CUDA batches come in "
-                                      "pinned memory (default: 0 with 2 cores or fewer per process, else one core "
-                                      "fewer than each process has, at most 8). Each sample's augmentation is "
-                                      "seeded from --seed, its epoch and its index, so results and --resume do "
-                                      "not depend on the number")
+                                      "evaluation data; they persist across epochs (map-style data), and on CUDA "
+                                      "batches come in pinned memory (default: 0 with 2 cores or fewer per "
+                                      "process, else one core fewer than each process has, at most 8). Each "
+                                      "sample's augmentation is seeded from --seed, its epoch and its index, so "
+                                      "results and --resume do not depend on the number")
     prefetch_factor: int = _flag(2, "batches each worker loads ahead (with --workers > 0); raise it when reading "
                                     "is bursty, lower it when a batch is large in memory", metavar="BATCHES")
     out: str = _flag("runs/latest", "run folder: checkpoints, metrics, final weights")

@@ -22,12 +22,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from zoo._io import atomic_write_bytes
@@ -48,7 +48,8 @@ from zoo.train.schedules import lr_schedule
 
 log = logging.getLogger("zoo.train")
 
-__all__ = ["Task", "Trainer", "run", "seed_everything", "decay_param_groups", "setup_logging", "main_guard"]
+__all__ = ["Task", "Stream", "Trainer", "run", "seed_everything", "decay_param_groups", "setup_logging",
+           "main_guard"]
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Task:
     """What a train script supplies; everything else is the shared loop."""
     name: str  # registry name, for the saved weights
     model: ZooModel
-    train_data: Dataset | None
+    train_data: Dataset | Stream | None  # map-style (sampled, split and resumed here) or a Stream
     eval_data: Dataset | None
     # (model, batch) -> scalar loss. `model` may be a DDP wrapper, which all-reduces the gradients only of
     # what runs through its forward: call `model(...)`, never a method of the unwrapped model.
@@ -78,6 +79,21 @@ class Task:
     # the dimension of the model's output that holds the class logits (-1: (B, C) or (B, T, V); 1: (B, C, D, H, W));
     # None when the output is not logits: then --teacher (distillation) is refused
     class_dim: int | None = None
+
+
+class Stream(Protocol):
+    """What the loop needs of an iterable training dataset (`Task.train_data`), e.g. zoo.data.shards.ShardStream:
+    it splits itself across the ranks, has a length, and resumes by skipping. It reads each sample's
+    randomness from the sample (as `SeededSamples` does for map-style data), so a resume repeats it."""
+
+    def split(self, *, rank: int, world_size: int, batch_size: int) -> None:
+        """Once, before iterating: this rank's part; may refuse (a ValueError) data too small to split."""
+
+    def __len__(self) -> int:
+        """Examples each rank yields per epoch after `split`: a whole number of batches, the same on every rank."""
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Before each iteration: yield `epoch`'s examples after its first `skip` (a whole number of batches)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -167,8 +183,12 @@ class Trainer:
         self.step_loss = self.distillation.loss if self.distillation else task.loss
         self.workers = cfg.workers if cfg.workers is not None else default_workers(ctx.world_size)
         self.train_loader = self._train_loader() if task.train_data is not None else None
-        self.steps_per_epoch = (len(self.train_loader.batch_sampler) // cfg.grad_accum) if self.train_loader else 0
+        self.steps_per_epoch = (len(self.train_loader) // cfg.grad_accum) if self.train_loader else 0
         if self.train_loader is not None and self.steps_per_epoch == 0:
+            if self.sampler is None:  # a stream: its length is per process, in whole batches
+                raise ValueError(f"the training stream yields {len(task.train_data)} examples per process, no full "
+                                 f"step of batch {cfg.batch_size} x {cfg.grad_accum} accumulation: give a smaller "
+                                 "--batch-size or --grad-accum, or more training data")
             fit = len(task.train_data) // (ctx.world_size * cfg.grad_accum)
             raise ValueError(f"{len(task.train_data)} training examples make no full step of batch "
                              f"{cfg.batch_size} x {ctx.world_size} processes x {cfg.grad_accum} accumulation: "
@@ -258,6 +278,8 @@ class Trainer:
 
     def _train_loader(self) -> DataLoader:
         cfg, ctx = self.cfg, self.ctx
+        if isinstance(self.task.train_data, IterableDataset):
+            return self._stream_loader()
         # DistributedSampler also for one process: one code path, and set_epoch reshuffles reproducibly
         self.sampler = DistributedSampler(self.task.train_data, num_replicas=ctx.world_size, rank=ctx.rank,
                                           shuffle=True, seed=cfg.seed, drop_last=True)
@@ -272,6 +294,29 @@ class Trainer:
         # not shift the global RNG that dropout uses.
         return DataLoader(SeededSamples(self.task.train_data, cfg.seed), batch_sampler=self.batches,
                           generator=torch.Generator(), **self._loader_options())
+
+    def _stream_loader(self) -> DataLoader:
+        """An iterable training set splits itself across the ranks (no DistributedSampler), says how many
+        examples each rank yields per epoch, and resumes by skipping the ones consumed; see `Stream`."""
+        cfg, ctx, stream = self.cfg, self.ctx, self.task.train_data
+        missing = [name for name in ("split", "set_epoch", "__len__") if not hasattr(stream, name)]
+        if missing:
+            raise ValueError(f"the iterable training dataset {type(stream).__name__} has no {', '.join(missing)}: "
+                             "zoo.train splits, counts and resumes a stream through them (see "
+                             "zoo.data.shards.ShardStream), or give a map-style dataset")
+        stream.split(rank=ctx.rank, world_size=ctx.world_size, batch_size=cfg.batch_size)
+        self.sampler = self.batches = None
+        # not persistent: each epoch's workers start after set_epoch, holding the epoch and the skip
+        options = {**self._loader_options(), "persistent_workers": False}
+        return DataLoader(stream, batch_size=cfg.batch_size, drop_last=True, generator=torch.Generator(), **options)
+
+    def _start_epoch(self) -> None:
+        """Set the training data's order to this epoch's, after the batches of it already consumed."""
+        if self.sampler is None:
+            self.task.train_data.set_epoch(self.epoch, skip=self.batch_in_epoch * self.cfg.batch_size)
+        else:
+            self.sampler.set_epoch(self.epoch)
+            self.batches.epoch, self.batches.skip = self.epoch, self.batch_in_epoch
 
     def _eval_batches(self) -> Iterable[tuple[Any, bool]]:
         """(batch, counted): this rank's shard of the evaluation data (every example once, no padding), then
@@ -534,8 +579,7 @@ class Trainer:
         if self.eval_pending:  # the checkpoint was saved in place of this evaluation: it comes first
             self._evaluate_step(metrics, bar, done=self.step == self.total_steps)
         while self.step < self.total_steps and self.stopped_early_at is None:
-            self.sampler.set_epoch(self.epoch)
-            self.batches.epoch, self.batches.skip = self.epoch, self.batch_in_epoch
+            self._start_epoch()
             micro = 0
             for batch in self.train_loader:
                 batch = _to_device(batch, self.device)
@@ -710,7 +754,7 @@ class Trainer:
     def profile(self, steps: int = 5) -> str:
         from torch.profiler import ProfilerActivity, profile, schedule
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        self.sampler.set_epoch(0)
+        self._start_epoch()
         batches = iter(self.train_loader)
         self.model.train()
         self.out.mkdir(parents=True, exist_ok=True)
