@@ -59,7 +59,10 @@ def tokenizer_from_spec(spec: dict):
         return CharTokenizer(spec["chars"])
     if spec.get("kind") == "byte":
         return ByteTokenizer()
-    raise ValueError(f"unknown tokenizer spec {spec!r}; expected kind 'char' or 'byte'")
+    if spec.get("kind") == "bpe":
+        from zoo.data.bpe import BPETokenizer  # the tokenizers library, imported only for a model that uses it
+        return BPETokenizer(spec["json"])
+    raise ValueError(f"unknown tokenizer spec {spec.get('kind')!r}; expected kind 'char', 'byte' or 'bpe'")
 
 
 def read_corpus(path: str | Path) -> str:
