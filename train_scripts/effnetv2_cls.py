@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import zoo
+from zoo.blocks.tta import TTA_MODES, average_over_flips
 from zoo.data.images import (ArrayImages, image_folder_datasets, load_train_and_held_out, run_counting_skipped,
                               tensor_eval_transform, train_transform)
 from zoo.data.shards import ShardStream, image_shards, is_shard_pattern
@@ -93,9 +94,11 @@ def build_task(cfg) -> Task:
         logits = m(x.contiguous(memory_format=torch.channels_last) if a["channels_last"] else x)
         return F.cross_entropy(logits.float(), y, label_smoothing=a["label_smoothing"])
 
+    flips = [(), (-1,)] if a["tta"] == "flip" else [()]
+
     def eval_step(m, batch):
         x, y = batch
-        logits = m(x).float()
+        logits = average_over_flips(m, x, flips).float()  # --tta flip: the mean of the image's and its mirror's
         top5 = logits.topk(min(5, k), dim=1).indices
         pred = top5[:, 0]
         return {"confusion": torch.bincount(y * k + pred, minlength=k * k).view(k, k),
@@ -125,7 +128,8 @@ def build_task(cfg) -> Task:
         eval_data=eval_data,
         loss=loss, eval_step=eval_step, summarize=summarize, eval_batch_size=256,
         meta={"labels": names, "dataset": str(cfg.data),
-              "preprocessing": {"resize": resize or size, "crop": size, "mean": mean, "std": std, "interpolation": "bilinear"}},
+              "preprocessing": {"resize": resize or size, "crop": size, "mean": mean, "std": std, "interpolation": "bilinear"},
+              **({"extra": {"eval_tta": a["tta"]}} if a["tta"] != "none" else {})},  # the metrics were measured so
     )
 
 
@@ -158,6 +162,8 @@ def main(argv=None):
     g.add_argument("--drop-path", type=float, default=0.1)
     g.add_argument("--freeze-backbone", action="store_true", help="linear probe: train only the head")
     g.add_argument("--channels-last", action="store_true")
+    g.add_argument("--tta", default="none", choices=TTA_MODES, help="test-time augmentation for evaluation: "
+                   "flip averages the logits of each image and its horizontal mirror (twice the evaluation time)")
     args = parser.parse_args(argv)
     if args.stem_stride is None:
         args.stem_stride = 1 if (args.image_size or 32) <= 64 else 2

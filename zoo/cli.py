@@ -67,6 +67,8 @@ def cmd_predict(args, extra) -> int:
     from zoo import predict
     entry = zoo.registry.get_entry(args.name)
     options, inputs = _options(extra)
+    if args.out is not None:
+        options["out"] = args.out
     options = predict.convert(args.name, options)  # a bad option fails before the model loads
     pretrained = args.pretrained if args.pretrained is not None else (entry.default_tag is not None)
     if pretrained is False:
@@ -134,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="*")
     p.add_argument("--pretrained", default=None, help="weights tag, path or hf:// URI (default: shipped)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-o", "--out", default=None, help="the file to write (unet3d_seg, diffusion_unet)")
     # the harness parses its own options, so `zoo bench --help` shows them
     sub.add_parser("bench", help="benchmark a model (eager, bf16, compile, int8); see zoo bench --help",
                    add_help=False)

@@ -14,7 +14,7 @@ import inspect
 import math
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Literal
 
 import torch
 
@@ -46,10 +46,12 @@ def bert_cls(model, inputs: list[str], *, max_length: Annotated[int | None, ">= 
     return [{"text": t, **r} for t, r in zip(inputs, results)], "\n".join(lines)
 
 
-def effnetv2_cls(model, inputs: list[str], *, top_k: Annotated[int, ">= 1"] = 5):
+def effnetv2_cls(model, inputs: list[str], *, top_k: Annotated[int, ">= 1"] = 5,
+                 tta: Literal["none", "flip"] = "none"):
+    """--tta flip averages the logits of each image and its horizontal mirror."""
     if not inputs:
         raise ValueError("give one or more image files, e.g. zoo predict effnetv2_cls cat.jpg")
-    results = model.predict(inputs, top_k)
+    results = model.predict(inputs, top_k, tta=tta)
     text = "\n".join(f"{path}:\n" + "\n".join(f"  {p:6.3f}  {label}" for label, p in r)
                      for path, r in zip(inputs, results))
     return [{"image": path, "top": [{"label": lbl, "prob": p} for lbl, p in r]} for path, r in zip(inputs, results)], text
@@ -65,37 +67,40 @@ def transformer_lm(model, inputs: list[str], *, max_new_tokens: Annotated[int, "
     return {"prompt": prompt, "text": text}, text
 
 
-def unet3d_seg(model, inputs: list[str], *, out: str = "", window: Annotated[int, ">= 1"] = 64):
-    """--out is the label volume's .npy (default: INPUT_pred.npy); it may not be the input."""
-    import numpy as np
-
-    from zoo._io import atomic_path, load_npy
+def unet3d_seg(model, inputs: list[str], *, out: str = "", window: Annotated[int, ">= 1"] = 64,
+               tta: Literal["none", "flip"] = "none"):
+    """One volume, .npy ((D, H, W) or (C, D, H, W)) or NIfTI (.nii, .nii.gz; 4D: channels last). --out is the
+    label volume (default: INPUT_pred with the input's format), written as NIfTI when it ends in .nii or .nii.gz,
+    with the input's affine and header geometry, else as .npy; it may not be the input. --tta flip averages the
+    probabilities over the 8 flips of the spatial axes."""
+    from zoo.data.volumes import read_volume, volume_suffix, write_labels
     if len(inputs) != 1:
-        raise ValueError("give one volume file (.npy of shape (D, H, W) or (C, D, H, W))")
-    out = out or inputs[0].rsplit(".npy", 1)[0] + "_pred.npy"
-    out = out if out.endswith(".npy") else out + ".npy"  # what numpy.save would write: report the real path
-    if Path(out).exists() and Path(out).resolve() == Path(inputs[0]).resolve():
-        raise ValueError(f"--out {out} is the input volume; give another file, e.g. --out "
-                         f"{inputs[0].rsplit('.npy', 1)[0]}_pred.npy")
+        raise ValueError("give one volume file (.npy of shape (D, H, W) or (C, D, H, W), or NIfTI .nii/.nii.gz)")
+    source = inputs[0]
+    suffix = volume_suffix(source) or ".npy"  # the old rule: any other name is read as .npy, and refused there
+    stem = source[: -len(suffix)] if source.lower().endswith(suffix) else source
+    out = out or stem + "_pred" + suffix
+    out = out if volume_suffix(out) else out + suffix  # what is written: report the real path
+    if Path(out).exists() and Path(out).resolve() == Path(source).resolve():
+        raise ValueError(f"--out {out} is the input volume; give another file, e.g. --out {stem}_pred{suffix}")
     if Path(out).is_dir():
-        raise ValueError(f"--out {out} is a directory; give the .npy file to write")
-    array = load_npy(inputs[0], "volume")
+        raise ValueError(f"--out {out} is a directory; give the file to write (.npy, .nii or .nii.gz)")
+    array, nifti = read_volume(source)
     if array.dtype.kind not in "biuf" or array.ndim not in (3, 4):
-        raise ValueError(f"volume {inputs[0]!r} must be numbers of shape (D, H, W) or (C, D, H, W), got "
+        raise ValueError(f"volume {source!r} must be numbers of shape (D, H, W) or (C, D, H, W), got "
                          f"{array.dtype} of shape {array.shape}")
-    volume = _finite(torch.as_tensor(array).float(), inputs[0])
+    volume = _finite(torch.as_tensor(array).float(), source)
     volume = volume[None] if volume.dim() == 3 else volume
     channels = model.config.in_chans
     if volume.shape[0] != channels:
-        raise ValueError(f"volume {inputs[0]!r} has {volume.shape[0]} channel(s) (shape {tuple(array.shape)}); "
+        raise ValueError(f"volume {source!r} has {volume.shape[0]} channel(s) (shape {tuple(array.shape)}); "
                          f"this model takes {channels}: give (D, H, W)" + (" or (1, D, H, W)" if channels == 1 else
                                                                            f" as ({channels}, D, H, W)"))
-    labels = model.predict_volume(volume, window=window)
-    with atomic_path(out) as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, labels.numpy().astype(np.uint8))
+    labels = model.predict_volume(volume, window=window, tta=tta)
+    write_labels(out, labels.numpy(), like=nifti)
     counts = {int(k): int(v) for k, v in zip(*torch.unique(labels, return_counts=True))}
-    text = f"wrote {out}; voxels per class: " + ", ".join(f"{k}: {v}" for k, v in counts.items())
+    geometry = " with the input's geometry" if nifti is not None and volume_suffix(out) != ".npy" else ""
+    text = f"wrote {out}{geometry}; voxels per class: " + ", ".join(f"{k}: {v}" for k, v in counts.items())
     return {"out": out, "voxels_per_class": counts}, text
 
 
@@ -160,11 +165,16 @@ def convert(name: str, options: dict[str, Any]) -> dict[str, Any]:
         hint, ranges = hints[key], ()
         if typing.get_origin(hint) is Annotated:
             hint, *ranges = typing.get_args(hint)
-        kinds = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
         flag = f"--{key.replace('_', '-')}"
         if not isinstance(text, str):  # already converted
             converted[key] = text
             continue
+        if typing.get_origin(hint) is Literal:  # one of the named choices
+            if text not in typing.get_args(hint):
+                raise ValueError(f"{flag} takes {' or '.join(typing.get_args(hint))}, got {text!r}")
+            converted[key] = text
+            continue
+        kinds = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
         try:
             converted[key] = kinds[0](text)
         except ValueError:

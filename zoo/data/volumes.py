@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["synthetic_volume", "randomised_volume", "independent_volume", "GENERATORS", "SyntheticVolumes",
-           "VolumeFolder"]
+           "VolumeFolder", "read_volume", "write_labels", "volume_suffix"]
 
 
 def synthetic_volume(seed: int, shape: Sequence[int] = (64, 64, 64), num_classes: int = 3,
@@ -314,43 +314,102 @@ class SyntheticVolumes(torch.utils.data.Dataset):
 
 
 class VolumeFolder(torch.utils.data.Dataset):
-    """Pairs NAME.npy + NAME_label.npy (or .nii/.nii.gz with nibabel) in a folder; image (C, D, H, W) or (D, H, W)."""
+    """Pairs NAME.npy + NAME_label.npy (or NAME.nii[.gz] + NAME_label.nii[.gz], with nibabel) in a folder, each
+    read when its item is asked for (in the DataLoader's workers): image (C, D, H, W) or (D, H, W), label
+    (D, H, W). Only the file names are listed up front, so memory does not grow with the number of volumes."""
 
     def __init__(self, folder: str | Path, transform=None):
         from zoo._io import existing
         folder = existing(folder, "dir", "volume folder", "a folder of NAME.npy + NAME_label.npy pairs")
-        suffixes = (".npy", ".nii", ".nii.gz")
         self.pairs = []
         for image in sorted(folder.iterdir()):
-            name = image.name
-            suffix = next((s for s in suffixes if name.endswith(s)), None)
+            name, suffix = image.name, volume_suffix(image)
             if suffix is None or name[: -len(suffix)].endswith("_label"):
                 continue
-            label = folder / (name[: -len(suffix)] + "_label" + suffix)
+            label = folder / (name[: -len(suffix)] + "_label" + name[-len(suffix):])  # the image's own spelling
             if not label.is_file():
                 raise FileNotFoundError(f"{image} has no label file {label.name}")
             self.pairs.append((image, label))
         if not self.pairs:
             raise ValueError(f"{folder} holds no NAME.npy / NAME_label.npy pairs")
+        if any(volume_suffix(image) != ".npy" for image, _ in self.pairs):
+            _nibabel()  # a missing package said once, here, not in every worker
         self.transform = transform
 
     def __len__(self):
         return len(self.pairs)
 
     def __getitem__(self, i):
-        image, label = (torch.as_tensor(_read(p)) for p in self.pairs[i])
+        image, label = (torch.as_tensor(read_volume(p)[0]) for p in self.pairs[i])
         image = image.float()[None] if image.dim() == 3 else image.float()
         label = label.long()
         return self.transform(image, label) if self.transform else (image, label)
 
 
-def _read(path: Path):
-    import numpy as np
-    if path.suffix == ".npy":
-        from zoo._io import load_npy
-        return load_npy(path, "volume")
+# ---------------------------------------------------------------------- volume files: .npy and NIfTI
+
+SUFFIXES = (".npy", ".nii.gz", ".nii")
+
+
+def volume_suffix(path: str | Path) -> str | None:
+    """".npy", ".nii.gz" or ".nii" (case-insensitive), or None for any other file."""
+    name = str(path).lower()
+    return next((s for s in SUFFIXES if name.endswith(s)), None)
+
+
+def _nibabel():
     try:
         import nibabel
     except ImportError:
-        raise RuntimeError(f"{path} is NIfTI: pip install nibabel to read it") from None
-    return np.asarray(nibabel.load(str(path)).dataobj)
+        raise RuntimeError("NIfTI volumes need the nibabel package: pip install nibabel") from None
+    return nibabel
+
+
+def read_volume(path: str | Path, what: str = "volume"):
+    """(array, NIfTI image or None) of a volume file. The array is in zoo's layout, (D, H, W) or (C, D, H, W):
+    a NIfTI's voxel axes (i, j, k) are D, H, W, and a 4D NIfTI's last axis is the channels. The NIfTI image
+    (data not loaded) carries the affine and header that `write_labels` gives a prediction; .npy has none."""
+    import numpy as np
+    from zoo._io import existing, load_npy
+    if volume_suffix(path) in (None, ".npy"):  # any other name is read as .npy, and named if it is not one
+        return load_npy(path, what), None
+    nibabel = _nibabel()
+    path = existing(path, "file", what, "a NIfTI file (.nii or .nii.gz)")
+    try:
+        image = nibabel.load(str(path))
+        array = np.asarray(image.dataobj)  # the header's scaling (scl_slope, scl_inter) applied
+    except Exception as e:  # nibabel's errors for broken files have no common base class
+        raise ValueError(f"{what} {str(path)!r} is not a readable NIfTI file ({type(e).__name__}: {e})") from None
+    if array.ndim == 4:
+        array = np.moveaxis(array, -1, 0)  # (i, j, k, c) -> (c, i, j, k)
+    return array, image
+
+
+def write_labels(path: str | Path, labels, like=None) -> Path:
+    """Write a label volume (D, H, W) as uint8, atomically: NIfTI when `path` ends in .nii or .nii.gz, with the
+    affine, voxel sizes and orientation codes of `like` (the input's NIfTI image from `read_volume`; None: an
+    identity affine), else .npy. -> the path written."""
+    import gzip
+    import io
+
+    import numpy as np
+    from zoo._io import atomic_write_bytes
+    labels = np.asarray(labels).astype(np.uint8)
+    suffix = volume_suffix(path)
+    if suffix in (".nii", ".nii.gz"):
+        nibabel = _nibabel()
+        header = like.header.copy() if like is not None else None
+        image = nibabel.Nifti1Image(labels, like.affine if like is not None else np.eye(4), header=header)
+        image.set_data_dtype(np.uint8)
+        image.header.set_slope_inter(1.0, 0.0)  # the input's intensity scaling must not rescale labels
+        image.header["cal_min"] = image.header["cal_max"] = 0  # nor its display window apply to them
+        if like is not None:  # Nifti1Image derives both from `affine`; keep the input's own codes and qform
+            image.set_qform(like.get_qform(), int(like.header["qform_code"]))
+            image.set_sform(like.get_sform(), int(like.header["sform_code"]))
+        data = image.to_bytes()
+        atomic_write_bytes(path, gzip.compress(data, mtime=0) if suffix == ".nii.gz" else data)
+    else:
+        buffer = io.BytesIO()
+        np.save(buffer, labels)
+        atomic_write_bytes(path, buffer.getvalue())
+    return Path(path)

@@ -413,13 +413,16 @@ class EfficientNetV2(ZooModel):
                 "interpolation": "bilinear"}
 
     @torch.no_grad()
-    def predict(self, images, top_k: int = 5) -> list[list[tuple[str, float]]]:
-        """Top-k (label, probability) for each image (paths or PIL images)."""
+    def predict(self, images, top_k: int = 5, *, tta: str = "none") -> list[list[tuple[str, float]]]:
+        """Top-k (label, probability) for each image (paths or PIL images). tta="flip": the softmax of the logits
+        averaged over the image and its horizontal mirror."""
+        from zoo.blocks.tta import average_over_flips, check_tta
         from zoo.data.images import open_image
+        flips = [(), (-1,)] if check_tta(tta) == "flip" else [()]
         transform = self.transforms()
         x = torch.stack([transform(open_image(im)) for im in images]).to(next(self.parameters()).device)
         was_training = self.training
-        probs = self.eval()(x).float().softmax(-1)
+        probs = average_over_flips(self.eval(), x, flips).float().softmax(-1)
         self.train(was_training)
         top = probs.topk(min(top_k, probs.shape[1]), dim=1)
         return [[(self.labels[i], round(float(p), 4)) for p, i in zip(ps, ids)] for ps, ids in zip(top.values, top.indices)]

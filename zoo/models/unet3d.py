@@ -164,9 +164,12 @@ class UNet3d(ZooModel):
 
     @torch.no_grad()
     def predict_volume(self, volume: Tensor, *, window: int | tuple[int, int, int] = 64, overlap: float = 0.25,
-                       blend: str = "gaussian", batch_size: int = 2, device=None) -> Tensor:
-        """Label volume (D, H, W) for an image (C, D, H, W) of any size, by sliding-window inference."""
+                       blend: str = "gaussian", batch_size: int = 2, device=None, tta: str = "none") -> Tensor:
+        """Label volume (D, H, W) for an image (C, D, H, W) of any size, by sliding-window inference.
+        tta="flip" averages the class probabilities over the 8 flips of the three spatial axes (8 passes)."""
         from zoo.blocks.sliding_window import sliding_window_inference
+        from zoo.blocks.tta import all_flips, average_over_flips, check_tta
+        flips = all_flips((-3, -2, -1)) if check_tta(tta) == "flip" else [()]
         if volume.dim() != 4:
             raise ValueError(f"expected an image (channels, D, H, W); got shape {tuple(volume.shape)}")
         window = (window,) * 3 if isinstance(window, int) else tuple(window)
@@ -175,12 +178,17 @@ class UNet3d(ZooModel):
             raise ValueError(f"window {window} is too small for this model: its {len(self.config.channels) - 1} "
                              f"downsamplings need at least {smallest} voxels per side (give --window {smallest} "
                              "or more)")
+        device = device or next(self.parameters()).device
+
+        def scores(x: Tensor) -> Tensor:  # (1, K, D, H, W); probabilities to average, one pass's logits as they are
+            logits = sliding_window_inference(self, x, window, overlap=overlap, blend=blend, batch_size=batch_size,
+                                              device=device)
+            return logits.softmax(1) if len(flips) > 1 else logits
         was_training = self.training
         self.eval()
-        logits = sliding_window_inference(self, volume[None].float(), window, overlap=overlap, blend=blend,
-                                          batch_size=batch_size, device=device or next(self.parameters()).device)
+        result = average_over_flips(scores, volume[None].float(), flips, spatial=True)
         self.train(was_training)
-        return logits[0].argmax(0)
+        return result[0].argmax(0)
 
     def example_inputs(self, batch: int = 1, size: int = 64) -> tuple[Tensor]:
         return (torch.randn(batch, self.config.in_chans, size, size, size, generator=torch.Generator().manual_seed(0)),)
