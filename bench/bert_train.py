@@ -1,16 +1,18 @@
 """bert_cls training step against transformers' BertForSequenceClassification, side by side in one process.
 
-    python bench/bert_train.py                          # MiniLM-L6 layout, batch 32 x 128, the train script's dropouts
+    python bench/bert_train.py --save                   # MiniLM-L6 layout, batch 32 x 128, the train script's dropouts
     python bench/bert_train.py --hidden-dropout 0       # what the step costs without dropout's random numbers
+    python bench/bert_train.py --batch 2 --length 16 --no-compile --reps 2   # a smoke run
 
 One step = forward, cross-entropy, backward, fused AdamW update, on the same weights and inputs for both
-libraries; rows interleaved (one step of each per round), medians over rounds; ratios are to transformers'
-eager fp32 step within each round. Attention dropout is 0 as in train_scripts/bert_cls.py (with it, SDPA
-falls back to its slow math kernel in both libraries).
+libraries; rows interleaved (one step of each per round, the order rotating), medians over rounds; ratios to
+zoo's eager fp32 step and to transformers' within each round. Attention dropout is 0 as in
+train_scripts/bert_cls.py (with it, SDPA falls back to its slow math kernel in both libraries). bf16 rows
+run only where the CPU has bf16 kernels (--force-emulated times them anyway).
 """
 import argparse
+import contextlib
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -18,8 +20,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 import zoo  # noqa: E402
-from zoo.bench import peer_model, time_call, train_step  # noqa: E402
 from zoo.accel.compile import compile as zoo_compile  # noqa: E402
+from zoo.bench import (BenchRun, add_run_arguments, build_row, format_table, peer_model, time_rows,  # noqa: E402
+                       train_step)
 
 
 def main():
@@ -29,7 +32,7 @@ def main():
     parser.add_argument("--hidden-dropout", type=float, default=0.1)
     parser.add_argument("--attention-dropout", type=float, default=0.0)
     parser.add_argument("--no-compile", action="store_true")
-    parser.add_argument("--reps", type=int, default=7, help="rounds")
+    add_run_arguments(parser, reps=7)
     args = parser.parse_args()
     torch.manual_seed(0)
     config = {"hidden_dropout": args.hidden_dropout, "attention_dropout": args.attention_dropout}
@@ -43,38 +46,29 @@ def main():
     def transformers_model():
         return peer_model("bert_cls", zoo_model())[1].train()
 
-    rows = [("transformers", "eager fp32", transformers_model, False, False),
-            ("transformers", "bf16 autocast", transformers_model, True, False),
-            ("zoo", "eager fp32", zoo_model, False, False),
-            ("zoo", "bf16 autocast", zoo_model, True, False)]
+    run = BenchRun(f"bert_cls training step, batch {args.batch} x {args.length} tokens, hidden dropout "
+                   f"{args.hidden_dropout}, attention dropout {args.attention_dropout}")
+    specs = [("zoo", "eager fp32", zoo_model, False, False), ("zoo", "bf16 autocast", zoo_model, True, False),
+             ("transformers", "eager fp32", transformers_model, False, False),
+             ("transformers", "bf16 autocast", transformers_model, True, False)]
     if not args.no_compile:
-        rows += [("zoo", "compile", zoo_model, False, True), ("zoo", "compile+bf16", zoo_model, True, True)]
-    print(f"bert_cls training step, batch {args.batch} x {args.length} tokens, hidden dropout {args.hidden_dropout}, "
-          f"attention dropout {args.attention_dropout}, {torch.get_num_threads()} threads; {args.reps} rounds, "
-          f"one step of each row per round")
-    steps = []
-    for label, mode, build, bf16, compiled in rows:
+        specs += [("zoo", "compile", zoo_model, False, True), ("zoo", "compile+bf16", zoo_model, True, True)]
+
+    def step(build, bf16, compiled):
         model = build()
-        if compiled:
-            model = zoo_compile(model)
-        step = train_step(model, inputs, labels, bf16)
-        time_call(step, warmup=3 if compiled else 1, reps=1)  # warm-up (compilation)
-        steps.append(step)
-    # Interleaved: this machine's speed drifts by 20-30% within minutes, so every round times each row once
-    # and ratios are taken within a round, then the median over rounds.
-    times = [[] for _ in rows]
-    for _ in range(args.reps):
-        for i, step in enumerate(steps):
-            times[i].append(time_call(step, warmup=0, reps=1))
-    print(f"{'model':<14} {'mode':<16} {'s/step':>8} {'seq/s':>8} {'ratio':>7}")
-    for (label, mode, *_), ts in zip(rows, times):
-        ratio = statistics.median(t0 / t for t0, t in zip(times[0], ts))
-        seconds = statistics.median(ts)
-        print(f"{label:<14} {mode:<16} {seconds:8.3f} {args.batch / seconds:8.1f} {ratio:6.2f}x")
-    fp32, bf16 = times[2], times[3]
-    per_round = sorted(a / b for a, b in zip(fp32, bf16))
-    print(f"zoo bf16 autocast step vs zoo fp32 step, per round: median {statistics.median(per_round):.2f}x "
-          f"(range {per_round[0]:.2f}-{per_round[-1]:.2f})")
+        return train_step(zoo_compile(model) if compiled else model, inputs, labels, bf16)
+
+    built = [build_row(label, mode, lambda b=build, h=bf16, c=compiled: step(b, h, c), batch=args.batch,
+                       dtype=torch.bfloat16 if bf16 else None, warmup=3 if compiled else 1,
+                       context=contextlib.nullcontext, force_emulated=args.force_emulated)
+             for label, mode, build, bf16, compiled in specs]
+    rows = time_rows(built, rounds=args.reps, calls=1, peer="transformers")
+    run.finish()
+    run.say(f"{args.reps} rounds, one step of each row per round; ratio: to zoo eager fp32, vs transformers: to "
+            f"transformers eager fp32, medians over rounds")
+    run.say(format_table(rows, peer="transformers", unit="step", items="seq"))
+    if args.save:
+        run.save("bert_cls_train_step")
 
 
 if __name__ == "__main__":

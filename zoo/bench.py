@@ -39,7 +39,7 @@ from zoo.accel.hardware import cpu_class
 from zoo.accel.variants import Variant, time_call, variants_for
 from zoo.models.base import ZooModel
 
-__all__ = ["time_call", "example_loss", "matmul_peak_gflops", "matmul_peaks", "count_flops", "emulated",
+__all__ = ["time_call", "example_loss", "PEAK_DTYPES", "matmul_peak_gflops", "matmul_peaks", "count_flops", "emulated",
            "build_row", "build_rows", "time_rows", "OnnxRuntimeModel", "onnxruntime_row", "onnxruntime_settings",
            "BenchRun", "add_run_arguments", "cpu_tag", "device_tag", "results_heading", "train_step",
            "peer_model", "format_table", "main"]
@@ -73,13 +73,21 @@ def peer_model(name: str, model: ZooModel) -> tuple[str, nn.Module] | None:
 PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
 
 
+def emulated(dtype: torch.dtype | None, device: str | torch.device = "cpu") -> str | None:
+    """Why a row in `dtype` is not worth timing on `device` (it only emulates that dtype), else None."""
+    device = torch.device(device)
+    if dtype is None or dtype == torch.int8:
+        return None
+    caps = hardware.capabilities(cuda=device.type == "cuda")
+    return None if caps.native(device, dtype) else hardware.slow_reason(device, dtype, caps)
+
+
 def matmul_peak_gflops(dtype: torch.dtype, n: int | None = None, device: str | torch.device = "cpu") -> float:
     """GFLOP/s of an n x n matmul in `dtype` on `device`; int8 through the kernels the int8 rows reach."""
     device = torch.device(device)
-    native = dtype == torch.int8 or hardware.capabilities(cuda=device.type == "cuda").native(device, dtype)
     # an emulated dtype (bf16 without AVX512-BF16/AMX: ~1 GFLOP/s) measures the same on a smaller matrix,
     # in a second instead of two minutes
-    n = n or ((8192 if device.type == "cuda" else 2048) if native else 256)
+    n = n or (256 if emulated(dtype, device) else 8192 if device.type == "cuda" else 2048)
     if dtype == torch.int8:
         call = _int8_matmul(n, device)
         if call is None:
@@ -118,15 +126,6 @@ def count_flops(model: nn.Module, inputs: tuple) -> int:
 
 
 # ------------------------------------------------------------------------------------------- the rows
-
-def emulated(dtype: torch.dtype | None, device: str | torch.device = "cpu") -> str | None:
-    """Why a row in `dtype` is not worth timing on `device` (it only emulates that dtype), else None."""
-    device = torch.device(device)
-    if dtype is None or dtype == torch.int8:
-        return None
-    caps = hardware.capabilities(cuda=device.type == "cuda")
-    return None if caps.native(device, dtype) else hardware.slow_reason(device, dtype, caps)
-
 
 def build_row(label: str, mode: str, build: Callable[[], Callable[[], object]], *, batch: int,
               dtype: torch.dtype | None = None, device: str | torch.device = "cpu", warmup: int = 1,
@@ -254,7 +253,7 @@ class OnnxRuntimeModel:
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
-        feeds = {name: t.numpy() for name, t in zip(self.input_names, tensors)}
+        feeds = {name: t.contiguous().numpy() for name, t in zip(self.input_names, tensors)}  # channels_last too
         return torch.from_numpy(self.session.run(None, feeds)[0])
 
 
@@ -264,11 +263,20 @@ def _reduce_range() -> bool:
     return not hardware.capabilities(cuda=False).vnni
 
 
-def onnxruntime_row(model: nn.Module, inputs: tuple, *, int8: bool = False, label: str = "onnxruntime") -> dict:
-    """A peer row: `model` run in onnxruntime (`OnnxRuntimeModel`) on `inputs`."""
+def onnxruntime_row(model: nn.Module, inputs: tuple, *, int8: bool = False,
+                    dynamic_dims: dict[int, tuple[int, ...]] | None = None, label: str = "onnxruntime",
+                    columns: Callable[[OnnxRuntimeModel], dict] | None = None) -> dict:
+    """A peer row: `model` run in onnxruntime (`OnnxRuntimeModel`) on `inputs`; `columns(runtime)` returns
+    table columns for the row (an accuracy, a size), as `format_table` prints them."""
     mode = f"dynamic int8{' 7-bit' if _reduce_range() else ''} (quantize_dynamic)" if int8 else "fp32 (export_onnx)"
-    return build_row(label, mode, lambda: functools.partial(OnnxRuntimeModel(model, inputs, int8=int8), *inputs),
-                     batch=inputs[0].shape[0], context=contextlib.nullcontext)
+    extra = {}
+
+    def build():
+        runtime = OnnxRuntimeModel(model, inputs, int8=int8, dynamic_dims=dynamic_dims)
+        extra.update(columns(runtime) if columns else {})
+        return functools.partial(runtime, *inputs)
+    row = build_row(label, mode, build, batch=inputs[0].shape[0], context=contextlib.nullcontext)
+    return {**row, **extra}
 
 
 # ---------------------------------------------------------------------------------- a run and its file
@@ -352,10 +360,11 @@ class BenchRun:
         return path
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, *, reps: int = 5) -> None:
-    """The options every benchmark takes: --reps (rounds), --force-emulated, --save."""
-    parser.add_argument("--reps", type=int, default=reps,
-                        help="rounds of the interleaved timing: each round times every row (medians over rounds)")
+def add_run_arguments(parser: argparse.ArgumentParser, *, reps: int | None = 5) -> None:
+    """The options every benchmark takes: --reps (rounds; not where `reps` is None), --force-emulated, --save."""
+    if reps is not None:
+        parser.add_argument("--reps", type=int, default=reps,
+                            help="rounds of the interleaved timing: each round times every row (medians over rounds)")
     parser.add_argument("--force-emulated", action="store_true",
                         help="also time rows in a dtype this machine only emulates (bf16/fp16 on a CPU without "
                              "AVX512-BF16/AMX run ~100x slower than fp32: hours)")
@@ -452,11 +461,12 @@ def format_table(rows: list[dict], flops: int | None = None, peaks: dict[str, fl
     columns = columns or {}
     widths = {h: max(len(h), 8) for h in columns}
     peer_width = max(len(f"vs {peer}"), 7) if peer else 0
-    head = f"{'model':<14} {'mode':<34}" + "".join(f" {h:>{widths[h]}}" for h in columns)
+    mode_width = max([34] + [len(r["mode"]) for r in rows])
+    head = f"{'model':<14} {'mode':<{mode_width}}" + "".join(f" {h:>{widths[h]}}" for h in columns)
     head += f" {'ms/' + unit:>9} {items + '/s':>9} {'ratio':>6}" + (f" {'vs ' + peer:>{peer_width}}" if peer else "")
     lines = [head + (f" {'GFLOP/s':>8} {'% peak':>7}" if flops else "")]
     for r in rows:
-        line = f"{r['model']:<14} {r['mode']:<34}" + "".join(
+        line = f"{r['model']:<14} {r['mode']:<{mode_width}}" + "".join(
             f" {_cell(r.get(h), spec):>{widths[h]}}" for h, spec in columns.items())
         if "ms" not in r:
             lines.append(line + (f" n/a: {r['error']}" if "error" in r else f" skipped: {r.get('skipped', '')}"))
