@@ -11,8 +11,10 @@ runs the model-level checks below (all but predict and DDP) as its own case, `<f
     contract                         config frozen, example_inputs deterministic, example_loss a finite
                                      scalar, head_prefixes name real keys, a new num_classes gets a finite head
     compile                          zoo.accel.compile: zero graph breaks, one graph across two batch sizes
-    export                           export_onnx (checked in onnxruntime) and its torch.export program (.pt2
-                                     saved and loaded) equal to eager at another batch size than the example
+    export                           zoo.accel.export to ONNX and .pt2 (itself checked at another shape):
+                                     equal to eager at another batch in onnxruntime / torch.export.load, the
+                                     manifest describes the inputs, and both files run in a process that
+                                     cannot import zoo
     checkpointing                    zoo.accel.checkpointing(model, "blocks"): identical gradients, fewer
                                      saved activations, the same state-dict keys
     DDP                              the family's own train script under torchrun (2 processes, gloo) for
@@ -302,53 +304,150 @@ def test_compile_has_no_graph_breaks_and_no_recompile_across_batch_sizes(name):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """name -> (model, ONNX path or the export error, the torch.export program), from one export per family:
-    export_onnx traces the model with export_program, and the .pt2 test reuses that very program."""
-    import importlib
-    export_module = importlib.import_module("zoo.accel.export")
+    """name -> (model, {"onnx": ..., "pt2": ...}): what zoo.accel.export wrote (an Exported, or the export's
+    error), checked by export itself against eager at another shape. One torch.export trace per graph: the pt2
+    export replays the programs the ONNX export traced."""
+    from zoo.accel import deploy
     folder = tmp_path_factory.mktemp("export")
     cache: dict[str, tuple] = {}
 
     def get(name: str):
         if name not in cache:
-            model, programs = build(name), []
-            real = export_module.export_program
+            model, traced, replay = build(name), [], []
+            real = deploy.export_program
 
-            def spy(*args, **kwargs):
-                programs.append(real(*args, **kwargs))
-                return programs[-1]
+            def trace_once(*args, **kwargs):
+                if replay:
+                    return replay.pop(0)
+                traced.append(real(*args, **kwargs))
+                return traced[-1]
+            results = {}
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(export_module, "export_program", spy)
-                try:
-                    onnx = accel.export_onnx(model, inputs(model, BATCH), folder / f"{name}.onnx")
-                except Exception as e:  # reported by the ONNX test; the .pt2 test exports on its own
-                    onnx = e
-            program = programs[0] if programs else accel.export_program(model, inputs(model, BATCH))
-            cache[name] = (model, onnx, program)
+                patch.setattr(deploy, "export_program", trace_once)
+                for fmt in ("onnx", "pt2"):
+                    replay[:] = traced
+                    try:
+                        results[fmt] = accel.export(model, fmt, folder / f"{name}-{fmt}", example=example(name),
+                                                    progress=False)
+                    except Exception as e:  # reported by the test of that format
+                        results[fmt] = e
+            cache[name] = (model, results)
         return cache[name]
     return get
+
+
+def example(name: str) -> dict:
+    return _entry(EXAMPLE, "EXAMPLE", name.partition("-")[0])
+
+
+def written(result):
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_onnx_export_equals_eager_at_another_batch(name, exported):
     pytest.importorskip("onnxruntime")
-    model, onnx, _ = exported(name)
-    if isinstance(onnx, Exception):
-        raise onnx
+    model, results = exported(name)
+    onnx = written(results["onnx"]).files[0]
     # check_onnx raises unless onnxruntime's output is within atol 1e-4 + rtol 1e-3 of PyTorch's
     accel.check_onnx(onnx, model, inputs(model, OTHER_BATCH), atol=1e-4, rtol=1e-3)
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_torch_export_program_saved_and_loaded_equals_eager_at_another_batch(name, exported, tmp_path):
-    model, _, program = exported(name)
-    path = tmp_path / f"{name}.pt2"
-    torch.export.save(program, path)
-    loaded = torch.export.load(path)
+def test_torch_export_program_saved_and_loaded_equals_eager_at_another_batch(name, exported):
+    model, results = exported(name)
+    loaded = torch.export.load(written(results["pt2"]).files[0])
     x = inputs(model, OTHER_BATCH)
     with torch.no_grad():
         got = first(loaded.module()(*x))
     torch.testing.assert_close(got, run_eval(model, x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_export_manifest_describes_inputs_and_verification(name, exported):
+    model, results = exported(name)
+    manifest = written(results["onnx"]).manifest
+    graphs = model.export_graphs(BATCH, **example(name))
+    assert manifest["format"] == "onnx" and manifest["file"] == "model.onnx" and list(manifest["graphs"]) == list(graphs)
+    for graph_name, graph in graphs.items():
+        described = manifest["graphs"][graph_name]
+        verified = manifest["verified"]["graphs"][graph_name]["inputs"]
+        assert [i["name"] for i in described["inputs"]] == list(graph.names)
+        assert [o["name"] for o in described["outputs"]] == list(graph.outputs)
+        for entry, t, dims in zip(described["inputs"], graph.inputs, graph.dims):
+            assert entry["dtype"] == str(t.dtype).removeprefix("torch.")
+            assert entry["shape"] == [dims[d].name if d in dims else size for d, size in enumerate(t.shape)]
+            assert all(verified[entry["name"]][d] != t.shape[d] for d in dims), \
+                f"{graph_name}.{entry['name']} was verified at the traced size of a dynamic dimension"
+    assert manifest["verified"]["max_rel_error"] <= 1e-3
+
+
+def test_exported_files_run_in_a_process_that_cannot_import_zoo(exported, tmp_path):
+    """Every case's ONNX and .pt2 export, fed inputs at another batch in a process where `import zoo` fails,
+    equals eager to 1e-3 of each output's magnitude. One process for all: starting torch costs seconds."""
+    jobs = []
+    for name in CASES:
+        model, results = exported(name)
+        graphs = model.export_graphs(OTHER_BATCH, **example(name))
+        for fmt in ("onnx", "pt2"):
+            jobs.append((written(results[fmt]).folder, graphs, tmp_path / f"{name}-{fmt}"))
+    run_without_zoo(jobs)
+
+
+ZOO_BLOCKED = """
+import importlib.util, sys
+
+class NoZoo:  # first on sys.meta_path: every import of zoo or of a zoo module fails
+    def find_spec(self, name, path=None, target=None):
+        if name == "zoo" or name.startswith("zoo."):
+            raise ImportError(f"{name} may not be imported in this process")
+
+sys.meta_path.insert(0, NoZoo())
+spec = importlib.util.spec_from_file_location("standalone_artifacts", sys.argv[1])
+artifacts = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(artifacts)
+jobs = sys.argv[2:]
+for i in range(0, len(jobs), 3):
+    artifacts.main(jobs[i:i + 3])
+assert not [m for m in sys.modules if m == "zoo" or m.startswith("zoo.")]
+"""
+
+
+def run_without_zoo(jobs: list[tuple[Path, dict, Path]], tolerance: float = 1e-3) -> dict[str, float]:
+    """Run each export folder's graphs on its (name -> ExportGraph) inputs in one process that cannot import zoo
+    (zoo/accel/artifacts.py, loaded by path), and compare with the graphs' eager outputs; returns each job's
+    largest error relative to the output's magnitude."""
+    import numpy as np
+    argv, expected = [], []
+    for folder, graphs, stem in jobs:
+        feeds, want = {}, {}
+        for graph_name, graph in graphs.items():
+            feeds.update({f"{graph_name}.{n}": t.numpy() for n, t in zip(graph.names, graph.inputs)})
+            with torch.no_grad():
+                out = graph.module.eval()(*graph.inputs)
+            out = [out] if isinstance(out, torch.Tensor) else out
+            want.update({f"{graph_name}.{n}": t for n, t in zip(graph.outputs, out)})
+        np.savez(f"{stem}.in.npz", **feeds)
+        argv += [str(folder), f"{stem}.in.npz", f"{stem}.out.npz"]
+        expected.append((folder, want, f"{stem}.out.npz"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", ZOO_BLOCKED, str(ROOT / "zoo" / "accel" / "artifacts.py"), *argv],
+                            cwd=jobs[0][2].parent, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"running the exports without zoo failed:\n{result.stderr[-4000:]}"
+    errors = {}
+    for folder, want, out in expected:
+        got = np.load(out)
+        assert set(got.files) == set(want), f"{folder.name}: outputs {sorted(got.files)}, expected {sorted(want)}"
+        worst = 0.0
+        for key, w in want.items():
+            g = torch.from_numpy(got[key])
+            assert g.shape == w.shape, f"{folder.name} {key}: shape {tuple(g.shape)}, eager {tuple(w.shape)}"
+            worst = max(worst, float((g - w).abs().max()) / max(float(w.abs().max()), 1e-12))
+        assert worst <= tolerance, f"{folder.name}: {worst:.3g} of the output's magnitude away from eager"
+        errors[folder.name] = worst
+    return errors
 
 
 # ---------------------------------------------------------------------------------------------- checkpointing

@@ -1,4 +1,4 @@
-"""The `zoo` command: list, info, predict, bench, demo, cards."""
+"""The `zoo` command: list, info, predict, export, bench, demo, cards."""
 from __future__ import annotations
 
 import argparse
@@ -62,6 +62,14 @@ def _options(extra: list[str]) -> tuple[dict[str, str], list[str]]:
     return options, inputs
 
 
+def _pretrained(entry, spec: str | None, doing: str):
+    """--pretrained, else the shipped weights, else False (random weights, with a warning)."""
+    pretrained = spec if spec is not None else (entry.default_tag is not None)
+    if pretrained is False:
+        logging.getLogger("zoo").warning("%s has no shipped weights: %s random weights", entry.name, doing)
+    return pretrained
+
+
 def cmd_predict(args, extra) -> int:
     import zoo
     from zoo import predict
@@ -70,13 +78,52 @@ def cmd_predict(args, extra) -> int:
     if args.out is not None:
         options["out"] = args.out
     options = predict.convert(args.name, options)  # a bad option fails before the model loads
-    pretrained = args.pretrained if args.pretrained is not None else (entry.default_tag is not None)
-    if pretrained is False:
-        logging.getLogger("zoo").warning("%s has no shipped weights: predicting with random weights", args.name)
-    model = zoo.load(args.name, pretrained=pretrained)
+    model = zoo.load(args.name, pretrained=_pretrained(entry, args.pretrained, "predicting with"))
     result, text = predict.run(args.name, model, [*args.inputs, *inputs], options)
     print(json.dumps(result, indent=2) if args.json else text)
     return 0
+
+
+def cmd_export(args) -> int:
+    import zoo
+    from zoo.accel.deploy import FORMATS, export
+    entry = zoo.registry.get_entry(args.name)
+    if args.format not in FORMATS:  # before the model loads
+        raise ValueError(f"unknown export format {args.format!r}; choose {', '.join(FORMATS)} (TorchScript is "
+                         "deprecated upstream: aoti replaces it)")
+    if args.int8:
+        raise NotImplementedError("--int8 is not built yet (issue 20 item 3); export in fp32 without --int8 for now")
+    model = zoo.load(args.name, pretrained=_pretrained(entry, args.pretrained, "exporting"))
+    dynamic = None if args.dynamic is None else args.dynamic.split(",")
+    result = export(model, args.format, args.out, batch=args.batch, dynamic=dynamic)
+    verified = result.manifest["verified"]["graphs"]
+    for name, graph in result.manifest["graphs"].items():
+        path = result.folder / graph["file"]
+        shapes = ", ".join(f"{n} {tuple(s)}" for n, s in verified[name]["inputs"].items())
+        print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB); verified at {shapes}")
+    print(f"max error against eager {result.max_abs_error:.3g} ({result.max_rel_error:.3g} of the output's "
+          f"magnitude); described in {result.folder / 'zoo_export.json'}")
+    return 0
+
+
+EXPORT_HELP = """\
+formats:
+  onnx  ONNX (the torch.export-based exporter), runs in onnxruntime
+  aoti  AOTInductor package (.aoti.pt2): compiled ahead of time; torch._inductor.aoti_load_package loads it in
+        Python, AOTIModelPackageLoader in C++, without zoo; compiling takes minutes on a few cores
+  pt2   torch.export.save of the ExportedProgram (torch.export.load(path).module() runs it)
+  pte   ExecuTorch with the XNNPACK delegate, for mobile and edge (pip install 'zoo[mobile]'); its dynamic
+        sizes are bounded at the traced ones, so trace at the largest batch you need
+
+TorchScript (torch.jit.trace/script) is deprecated upstream and not offered: aoti is its successor for C++.
+
+Every export is run from the written file at another shape than traced (batch + 1; a sequence, a cache or a
+volume side one step longer, or shorter at its maximum), compared with the eager model (it fails above 1e-3
+of the output's magnitude) and described in DIR/zoo_export.json (inputs, outputs, dynamic dimensions,
+preprocessing, labels, the weights' sha256). transformer_lm writes two graphs: model (a whole sequence ->
+logits and the KV cache) and decode (one token per row after `past` cached positions -> logits and the
+cache one position longer).
+"""
 
 
 def cmd_demo(args) -> int:
@@ -137,6 +184,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pretrained", default=None, help="weights tag, path or hf:// URI (default: shipped)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("-o", "--out", default=None, help="the file to write (unet3d_seg, diffusion_unet)")
+    p = sub.add_parser("export", help="write a deployable file (onnx, aoti, pt2, pte), verified against eager",
+                       description="Export a model to a file that runs without zoo.", epilog=EXPORT_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name")
+    p.add_argument("--pretrained", default=None, help="weights tag, path or hf:// URI (default: shipped)")
+    p.add_argument("--format", required=True, metavar="{onnx,aoti,pt2,pte}", help="the file to write (see below)")
+    p.add_argument("-o", "--out", required=True, metavar="DIR",
+                   help="the folder to write: a new one, or a previous export (replaced)")
+    p.add_argument("--batch", type=int, default=2, help="the batch traced (default 2)")
+    p.add_argument("--dynamic", default=None, metavar="NAMES",
+                   help="comma-separated dimensions that stay dynamic, e.g. batch,seq (default: all the model "
+                   "offers; none: fixed shapes)")
+    p.add_argument("--int8", action="store_true", help="int8 weights and activations (not built yet)")
     # the harness parses its own options, so `zoo bench --help` shows them
     sub.add_parser("bench", help="benchmark a model (eager, bf16, compile, int8); see zoo bench --help",
                    add_help=False)
@@ -157,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.command not in ("predict", "bench"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s: %(message)s")
-    commands = {"list": cmd_list, "info": cmd_info, "demo": cmd_demo, "cards": cmd_cards, "publish": cmd_publish}
+    commands = {"list": cmd_list, "info": cmd_info, "demo": cmd_demo, "cards": cmd_cards, "publish": cmd_publish,
+                "export": cmd_export}
     try:
         if args.command in ("predict", "bench"):
             return {"predict": cmd_predict, "bench": cmd_bench}[args.command](args, extra)

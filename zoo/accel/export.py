@@ -13,7 +13,7 @@ from zoo.models.base import unwrap
 
 log = logging.getLogger(__name__)
 
-__all__ = ["export_onnx", "check_onnx", "export_program"]
+__all__ = ["export_onnx", "check_onnx", "export_program", "write_onnx"]
 
 
 def _dynamic_shapes(example_inputs: tuple, dynamic_batch: bool, dynamic_dims: dict[int, tuple[int, ...]] | None):
@@ -34,11 +34,15 @@ def _dynamic_shapes(example_inputs: tuple, dynamic_batch: bool, dynamic_dims: di
 
 
 def export_program(model: nn.Module, example_inputs: tuple, *, dynamic_batch: bool = True,
-                   dynamic_dims: dict[int, tuple[int, ...]] | None = None) -> torch.export.ExportedProgram:
+                   dynamic_dims: dict[int, tuple[int, ...]] | None = None,
+                   dynamic_shapes: tuple | None = None) -> torch.export.ExportedProgram:
     """torch.export of the (uncompiled) model in eval mode; `dynamic_dims` e.g. {0: (1,)} makes dim 1 of
-    input 0 (a sequence length) dynamic besides the batch."""
+    input 0 (a sequence length) dynamic besides the batch, with ranges torch.export infers. `dynamic_shapes`,
+    torch.export's own per-input spec (named `Dim`s with ranges), replaces both."""
     model = unwrap(model).eval()
     example_inputs = tuple(example_inputs)
+    if dynamic_shapes is not None:
+        return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
     if dynamic_batch:
         # torch.export specialises a size-1 dimension (0/1 specialisation): a batch-1 example would export a
         # fixed batch of 1 without a word; a batch of 2 (the first row repeated) traces the same graph
@@ -62,12 +66,21 @@ def export_onnx(model: nn.Module, example_inputs: tuple, path: str | os.PathLike
     path = Path(path)
     example_inputs = tuple(example_inputs)
     program = export_program(model, example_inputs, dynamic_batch=dynamic_batch, dynamic_dims=dynamic_dims)
-    with atomic_path(path) as tmp:
-        onnx_program = torch.onnx.export(program, example_inputs, dynamo=True, opset_version=opset,
-                                         external_data=False, verbose=False)
-        onnx_program.save(str(tmp))
+    write_onnx(program, path, opset=opset)
     if check:
         check_onnx(path, model, example_inputs, atol=atol)
+    return path
+
+
+def write_onnx(program: torch.export.ExportedProgram, path: str | os.PathLike, *, input_names=None,
+               output_names=None, opset: int | None = None) -> Path:
+    """The ONNX file of a torch.export program, written atomically, weights inside (no external data file)."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        onnx_program = torch.onnx.export(program, program.example_inputs[0], dynamo=True, opset_version=opset,
+                                         input_names=input_names, output_names=output_names,
+                                         external_data=False, verbose=False)
+        onnx_program.save(str(tmp))
     return path
 
 

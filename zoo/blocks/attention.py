@@ -82,7 +82,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padd
     if key_padding_mask is not None and not torch.compiler.is_compiling() and bool(key_padding_mask.all()):
         # nothing is padded: without a mask SDPA keeps its fastest kernel (as transformers does)
         key_padding_mask = None
-    plain_causal = causal and window is None and Tq == Tk and q_start == 0
+    # bool(): traced with a symbolic cache length, `and` would hand SDPA's is_causal a SymBool
+    plain_causal = bool(causal and window is None and Tq == Tk and q_start == 0)
     mask = None
     if not plain_causal:
         q_pos = torch.arange(q_start, q_start + Tq, device=q.device)

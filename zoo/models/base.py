@@ -23,6 +23,8 @@ Optional (the defaults below are right for a family that does not override them)
     example_loss(*example_inputs)    a scalar loss for one training step on example_inputs()
     reset_head(num_classes)          a new task head
     labels                           class names (from the weights' metadata, else "0".."n-1")
+    export_graphs(batch, ...)        the graphs `zoo.accel.export` writes: what each traces, its inputs' names
+                                     and dynamic dimensions (Dynamic) and its outputs' names (ExportGraph)
 
 Set by zoo, not by the family: `zoo_name` (registration), `pretrained_meta` and `pretrained_source`
 (`zoo.load`/`zoo.save`).
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import re
 import types
 import typing
@@ -43,9 +46,39 @@ if TYPE_CHECKING:
 
     from zoo.weights import WeightsMeta
 
-__all__ = ["ZooModel", "REQUIRED_HOOKS", "check_contract", "check_config", "check_range", "unwrap"]
+__all__ = ["ZooModel", "REQUIRED_HOOKS", "Dynamic", "BATCH", "ExportGraph", "check_contract", "check_config",
+           "check_range", "unwrap"]
 
 REQUIRED_HOOKS = ("example_inputs", "checkpoint_blocks")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dynamic:
+    """A dimension of an exported input that takes other sizes at run time than the traced one."""
+    name: str  # the dimensions of one name, in any input, always have the same size ("batch", "seq")
+    min: int = 1
+    max: int | None = None  # None: unbounded
+    multiple_of: int = 1  # e.g. a UNet's total stride
+
+
+BATCH = Dynamic("batch")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportGraph:
+    """One graph `zoo.accel.export` traces: `module(*inputs)`. Each input has a name and its dynamic dimensions
+    ({dim: Dynamic}); the outputs have names."""
+    module: nn.Module
+    inputs: tuple[Tensor, ...]
+    names: tuple[str, ...]
+    dims: tuple[dict[int, Dynamic], ...]
+    outputs: tuple[str, ...] = ("output",)
+
+    def __post_init__(self):
+        if not len(self.inputs) == len(self.names) == len(self.dims):
+            raise ValueError(f"ExportGraph has {len(self.inputs)} inputs, {len(self.names)} names and "
+                             f"{len(self.dims)} dimension specs; give one of each per input")
+
 
 class ZooModel(nn.Module):
     """Base class of every registered family; see the module docstring for the contract."""
@@ -108,6 +141,15 @@ class ZooModel(nn.Module):
         if meta is not None and meta.labels:
             return list(meta.labels)
         return [str(i) for i in range(getattr(self.config, "num_classes", 0))]
+
+    def export_graphs(self, batch: int = 2, **example) -> dict[str, ExportGraph]:
+        """The graphs an export writes, by name ("model" first), traced at `batch` rows; `example` are
+        example_inputs' other keyword arguments. The default, right for image models: one graph "model" of
+        `example_inputs(batch, **example)`, named after forward's parameters, the batch (dim 0) dynamic in every
+        input, one output "output"."""
+        inputs = tuple(self.example_inputs(batch, **example))
+        names = tuple(inspect.signature(self.forward).parameters)[:len(inputs)]
+        return {"model": ExportGraph(self, inputs, names, tuple({0: BATCH} for _ in inputs))}
 
 
 def check_contract(cls: type) -> None:

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from zoo.blocks.attention import MultiHeadAttention
 from zoo.blocks.layers import Dropout
 from zoo.data.tokenizers import load_tokenizer, minilm_folder, tokenizer_spec
-from zoo.models.base import ZooModel, check_config, unwrap
+from zoo.models.base import BATCH, Dynamic, ExportGraph, ZooModel, check_config, unwrap
 from zoo.registry import register_model
 from zoo.weights.loading import key_problems
 
@@ -466,6 +466,17 @@ class BertClassifier(ZooModel):
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(1000, self.config.vocab_size, (batch, length), generator=g)
         return ids, torch.ones_like(ids)
+
+    def export_graphs(self, batch: int = 2, length: int | None = None) -> dict[str, ExportGraph]:
+        """input_ids and attention_mask (B, T), batch and sequence dynamic (T up to the position table); the
+        example pads the second row's last quarter, so the mask takes part in the trace and the check."""
+        meta = self.pretrained_meta
+        length = length or (meta.preprocessing.get("max_length") if meta else None) or 128
+        ids, mask = self.example_inputs(batch, length)
+        mask[1::2, length - length // 4:] = 0
+        ids = ids.masked_fill(mask == 0, self.config.pad_token_id)
+        seq = {0: BATCH, 1: Dynamic("seq", max=self.config.max_length)}
+        return {"model": ExportGraph(self, (ids, mask), ("input_ids", "attention_mask"), (seq, seq), ("logits",))}
 
     def example_loss(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         # the problem's loss against a fixed target (class 0; zero values; no label on): a training step for

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from zoo.blocks.layers import DropPath, Dropout
-from zoo.models.base import ZooModel, check_config
+from zoo.models.base import BATCH, ExportGraph, ZooModel, check_config
 from zoo.registry import register_model
 
 __all__ = ["EffNetV2Config", "EfficientNetV2", "Stage", "VARIANTS", "TIMM_ARCHS", "from_torchvision", "to_torchvision",
@@ -431,6 +431,12 @@ class EfficientNetV2(ZooModel):
 
     def example_inputs(self, batch: int = 32, size: int = 224) -> tuple[Tensor]:
         return (torch.randn(batch, self.config.in_chans, size, size, generator=torch.Generator().manual_seed(0)),)
+
+    def export_graphs(self, batch: int = 2, size: int | None = None) -> dict[str, ExportGraph]:
+        """An image batch at the weights' crop (else 224), the batch dynamic."""
+        meta = self.pretrained_meta
+        size = size or (meta.preprocessing.get("crop") if meta else None) or 224
+        return {"model": ExportGraph(self, self.example_inputs(batch, size), ("image",), ({0: BATCH},), ("logits",))}
 
 
 # ---------------------------------------------------------------------- torchvision interop

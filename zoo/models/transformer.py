@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from zoo.blocks.attention import KVCache, MultiHeadAttention
 from zoo.blocks.layers import Dropout, RMSNorm, SwiGLU
-from zoo.models.base import ZooModel, check_config, unwrap
+from zoo.models.base import BATCH, Dynamic, ExportGraph, ZooModel, check_config, unwrap
 from zoo.registry import register_model
 from zoo.weights.loading import key_problems
 
@@ -188,6 +188,27 @@ class TransformerLM(ZooModel):
         # next-token loss on the example batch itself
         return self.loss(idx[:, :-1], idx[:, 1:])
 
+    # ------------------------------------------------------------------ export
+
+    def export_graphs(self, batch: int = 2) -> dict[str, ExportGraph]:
+        """Two graphs, for decoding with a KV cache outside Python: "model" reads a whole sequence (a prefill)
+        and "decode" one new token per row after `past` cached positions; both give the keys and values
+        (n_layers, B, kv_heads, positions, head_dim) to feed the next decode step. The RoPE table bounds
+        the positions: seq <= context, past + 1 <= context."""
+        c = self.config
+        (idx,) = self.example_inputs(batch)
+        seq = {0: BATCH, 1: Dynamic("seq", max=c.context)}
+        graphs = {"model": ExportGraph(Prefill(self), (idx,), ("input_ids",), (seq,), ("logits", "keys", "values"))}
+        if c.context >= 3:  # a past of at least 2 (a traced size of 1 would be specialised) and 1 new token
+            past = max(2, c.context // 2)
+            with torch.no_grad():
+                _, keys, values = Prefill(self)(idx[:, :past])
+            cache_dims = {1: BATCH, 3: Dynamic("past", max=c.context - 1)}
+            graphs["decode"] = ExportGraph(DecodeStep(self), (idx[:, past:past + 1], keys, values),
+                                           ("input_ids", "past_keys", "past_values"),
+                                           ({0: BATCH}, cache_dims, cache_dims), ("logits", "keys", "values"))
+        return graphs
+
     # ------------------------------------------------------------------ generation
 
     @property
@@ -283,6 +304,51 @@ class TransformerLM(ZooModel):
             drop = cumulative - sorted_logits.softmax(-1) > top_p  # keep the smallest set reaching top_p
             logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
         return torch.multinomial(logits.softmax(-1), 1, generator=generator)
+
+
+# ---------------------------------------------------------------------- export graphs
+
+
+class GrowingCache:
+    """KVCache's interface over keys and values that are a graph's inputs: append concatenates instead of
+    writing into a preallocated buffer, so an exported decode step is a pure function (past -> past + new)."""
+
+    def __init__(self, k: Tensor | None = None, v: Tensor | None = None):
+        self.k, self.v = k, v
+        self.length = 0 if k is None else k.shape[2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v, self.length = k, v, k.shape[2]
+        return k, v
+
+
+class Prefill(nn.Module):
+    """input_ids (B, T) -> logits (B, T, vocab), keys and values (n_layers, B, kv_heads, T, head_dim)."""
+
+    def __init__(self, lm: TransformerLM):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        caches = [GrowingCache() for _ in self.lm.blocks]
+        logits = self.lm(idx, caches)
+        return logits, torch.stack([c.k for c in caches]), torch.stack([c.v for c in caches])
+
+
+class DecodeStep(nn.Module):
+    """input_ids (B, 1) after P cached positions, keys and values (n_layers, B, kv_heads, P, head_dim) ->
+    logits (B, 1, vocab), keys and values with P + 1 positions."""
+
+    def __init__(self, lm: TransformerLM):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, idx: Tensor, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        caches = [GrowingCache(k, v) for k, v in zip(keys.unbind(0), values.unbind(0))]
+        logits = self.lm(idx, caches)
+        return logits, torch.stack([c.k for c in caches]), torch.stack([c.v for c in caches])
 
 
 # ---------------------------------------------------------------------- LLaMA layout

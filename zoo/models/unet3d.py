@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.models.base import ZooModel, check_config
+from zoo.models.base import BATCH, Dynamic, ExportGraph, ZooModel, check_config
 from zoo.registry import register_model
 
 __all__ = ["UNet3dConfig", "UNet3d", "ResBlock3d", "dice_ce_loss", "dice_per_class"]
@@ -192,6 +192,20 @@ class UNet3d(ZooModel):
 
     def example_inputs(self, batch: int = 1, size: int = 64) -> tuple[Tensor]:
         return (torch.randn(batch, self.config.in_chans, size, size, size, generator=torch.Generator().manual_seed(0)),)
+
+    def export_graphs(self, batch: int = 2, size: int | None = None) -> dict[str, ExportGraph]:
+        """The volume (B, C, D, H, W) with the batch and each side dynamic, sides in multiples of the total
+        stride from the smallest window up (sides forward needs no padding for); traced at the weights'
+        window, rounded up to a multiple."""
+        meta = self.pretrained_meta
+        step = self.divisor
+        smallest = -(-self.smallest_window() // step) * step
+        size = size or (meta.preprocessing.get("window") if meta else None) or 64
+        size = max(smallest, -(-size // step) * step)
+        sides = {d: Dynamic(name, min=smallest, multiple_of=step)
+                 for d, name in enumerate(("depth", "height", "width"), start=2)}
+        return {"model": ExportGraph(self, self.example_inputs(batch, size), ("volume",), ({0: BATCH, **sides},),
+                                     ("logits",))}
 
     def example_loss(self, x: Tensor) -> Tensor:
         """Dice + CE against an all-background target: a fixed training step for benchmarks."""

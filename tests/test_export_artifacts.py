@@ -1,0 +1,264 @@
+"""`zoo export` / zoo.accel.export: the command, its refusals, the AOTInductor package and the LM's decode graph.
+
+The ONNX and .pt2 exports of every family (and their runs in a process that cannot import zoo) are part of
+the conformance battery, tests/test_families.py. AOTInductor compiles for tens of seconds even at the tiny
+configs, so the suite compiles one family; the full check runs apart, on the shipped weights:
+
+    python -m tests.test_export_artifacts --all        # onnx and aoti (and pte, where executorch imports)
+                                                      # for all five families; prints sizes, errors, times
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import zoo
+from zoo.models.base import ZooModel
+from zoo.registry import register_model, unregister_model
+
+from .test_families import BATCH, EXAMPLE, OTHER_BATCH, build, run_without_zoo
+
+
+def zoo_cli(argv: list[str]) -> int:
+    from zoo.cli import main
+    return main(argv)
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
+            for p in sorted(folder.rglob("*"))}
+
+
+# ------------------------------------------------------------------ a family torch.export cannot trace
+
+
+@dataclass(frozen=True)
+class BranchyConfig:
+    features: int = 4
+
+
+class Branchy(ZooModel):
+    """A classifier whose forward takes a Python branch on a tensor's value: torch.export cannot trace it."""
+
+    def __init__(self, config: BranchyConfig = BranchyConfig()):
+        super().__init__()
+        self.config = config
+        self.head = nn.Linear(config.features, 2)
+
+    @property
+    def checkpoint_blocks(self):
+        return [self.head]
+
+    def example_inputs(self, batch: int = 2):
+        return (torch.randn(batch, self.config.features, generator=torch.Generator().manual_seed(0)),)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.head(x)
+        return -self.head(x)
+
+
+@pytest.fixture
+def branchy():
+    register_model("branchy_test", config=BranchyConfig)(Branchy)
+    yield "branchy_test"
+    unregister_model("branchy_test")
+
+
+# ------------------------------------------------------------------ bad input: one line, exit 2, nothing written
+
+
+def _sys_is_read_only() -> bool:
+    try:
+        tempfile.mkdtemp(dir="/sys")
+    except OSError:
+        return True
+    return False  # (a privileged container): the test below needs another unwritable place
+
+
+BAD = {
+    "unknown format": (lambda d: ["--format", "tflite", "-o", str(d / "out")], "unknown export format 'tflite'"),
+    "--int8": (lambda d: ["--format", "onnx", "--int8", "-o", str(d / "out")], "--int8 is not built yet"),
+    "unwritable -o": (lambda d: ["--format", "pt2", "-o", "/sys/zoo-export-test"], "cannot write in /sys"),
+    "-o under a file": (lambda d: ["--format", "pt2", "-o", str(d / "notes.txt" / "out")], "is a file"),
+    "-o holds other files": (lambda d: ["--format", "pt2", "-o", str(d)], "not an export"),
+    "unknown --dynamic": (lambda d: ["--format", "pt2", "--dynamic", "batch,seq", "-o", str(d / "new" / "out")],
+                          "no dynamic dimension 'seq'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_export_input_is_one_line_exit_2_and_writes_nothing(case, tiny, tmp_path, capsys):
+    args, word = BAD[case]
+    if case == "unwritable -o" and not _sys_is_read_only():
+        pytest.skip("/sys is writable here")
+    (tmp_path / "notes.txt").write_text("a file, not a folder\n")
+    before = snapshot(tmp_path)
+    code = zoo_cli(["export", tiny, *args(tmp_path)])
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if "error:" in line]
+    assert code == 2 and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("zoo export: error:") and word in lines[0], err
+    assert snapshot(tmp_path) == before, "a refused export created or changed files"
+
+
+def test_a_model_torch_export_cannot_trace_is_one_line_naming_the_branch(branchy, tmp_path, capsys):
+    out = tmp_path / "exports" / "branchy"  # the parent folders it would create are removed again too
+    assert zoo_cli(["export", branchy, "--format", "onnx", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "branches on a tensor's value" in lines[0] and "test_export_artifacts.py" in lines[0], lines[0]
+    assert "if x.sum() > 0:" in lines[0], lines[0]
+    assert list(tmp_path.iterdir()) == [], "a failed export left files or folders behind"
+
+
+# ------------------------------------------------------------------ the command and the manifest
+
+
+def test_cli_export_describes_and_verifies_and_replaces_a_previous_export(tiny, tiny_shipped, tmp_path, capsys):
+    name, out = tiny, tmp_path / "exports" / "tiny"
+    assert zoo_cli(["export", name, "--format", "pt2", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out / 'model.pt2'}" in printed and "verified at x (3, 4)" in printed, printed
+    manifest = json.loads((out / "zoo_export.json").read_text())
+    model = zoo.load(name, pretrained=True)
+    assert manifest["format"] == "pt2" and manifest["file"] == "model.pt2"
+    assert manifest["graphs"]["model"]["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", 4]}]
+    assert manifest["graphs"]["model"]["outputs"] == [{"name": "output", "dtype": "float32", "shape": ["batch", 3]}]
+    assert manifest["labels"] == ["a", "b", "c"] and manifest["weights"]["sha256"] == model.pretrained_source["sha256"]
+    assert manifest["versions"]["torch"] == importlib.metadata.version("torch")
+    assert manifest["size_bytes"] == (out / "model.pt2").stat().st_size
+    # a second export into the same folder replaces the first (and leaves no temporary folder beside it)
+    assert zoo_cli(["export", name, "--format", "pt2", "--dynamic", "none", "-o", str(out)]) == 0
+    manifest = json.loads((out / "zoo_export.json").read_text())
+    assert manifest["graphs"]["model"]["inputs"][0]["shape"] == [2, 4]
+    assert [p.name for p in out.parent.iterdir()] == ["tiny"]
+
+
+def test_export_keeps_the_models_training_mode(tiny, tmp_path):
+    model = zoo.load(tiny).train()
+    zoo.accel.export(model, "pt2", tmp_path / "out", progress=False)
+    assert model.training
+
+
+def test_export_help_points_from_torchscript_to_aoti(capsys):
+    with pytest.raises(SystemExit):
+        zoo_cli(["export", "--help"])
+    text = capsys.readouterr().out
+    assert "TorchScript" in text and "deprecated" in text and "aoti" in text
+
+
+# ------------------------------------------------------------------ the LM's KV-cache graphs
+
+
+def test_lm_decode_step_continues_the_prefill_as_the_full_sequence_does():
+    model = build("transformer_lm")
+    graphs = model.export_graphs(BATCH)
+    (ids,) = graphs["model"].inputs
+    token, past_keys, past_values = graphs["decode"].inputs
+    past = past_keys.shape[3]
+    assert torch.equal(token, ids[:, past:past + 1])
+    with torch.no_grad():
+        logits, keys, values = graphs["decode"].module(token, past_keys, past_values)
+        full_logits, full_keys, full_values = graphs["model"].module(ids[:, :past + 1])
+    torch.testing.assert_close(logits, full_logits[:, -1:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(keys, full_keys, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(values, full_values, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(full_logits, model(ids[:, :past + 1]), atol=0, rtol=0)
+
+
+# ------------------------------------------------------------------ AOTInductor and ExecuTorch
+
+
+@pytest.mark.slow
+def test_aoti_package_runs_without_zoo(tmp_path):
+    """One family (tiny BERT: a dynamic batch and sequence, a padding mask) through AOTInductor."""
+    model = build("bert_cls")
+    result = zoo.accel.export(model, "aoti", tmp_path / "bert", example=EXAMPLE["bert_cls"], progress=False)
+    assert result.files == [tmp_path / "bert" / "model.aoti.pt2"] and result.max_rel_error <= 1e-3
+    run_without_zoo([(result.folder, model.export_graphs(OTHER_BATCH, **EXAMPLE["bert_cls"]), tmp_path / "run")])
+
+
+def test_pte_runs_without_zoo_or_names_the_package(tmp_path):
+    model = build("bert_cls")
+    try:
+        import executorch  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeError, match=r"pip install 'zoo\[mobile\]'"):
+            zoo.accel.export(model, "pte", tmp_path / "bert", progress=False)
+        assert list(tmp_path.iterdir()) == []
+        return
+    result = zoo.accel.export(model, "pte", tmp_path / "bert", example=EXAMPLE["bert_cls"], progress=False)
+    # ExecuTorch plans memory for the largest shape: the dynamic sizes are bounded at the traced ones
+    assert result.manifest["graphs"]["model"]["dims"]["batch"]["max"] == BATCH
+    run_without_zoo([(result.folder, model.export_graphs(1, **EXAMPLE["bert_cls"]), tmp_path / "run")])
+
+
+# ------------------------------------------------------------------ the full check, on the shipped weights
+
+
+def check_all(formats: list[str], families: list[str], folder: Path) -> list[dict]:
+    """`zoo export NAME --format F` with the shipped weights for each family and format, then each file run at
+    batch 3 in a process that cannot import zoo; a row of measurements per export."""
+    rows = []
+    for name in families:
+        model = zoo.load(name, pretrained=True)
+        for fmt in formats:
+            out = folder / f"{name}-{fmt}"
+            start = time.perf_counter()
+            code = zoo_cli(["export", name, "--format", fmt, "-o", str(out)])
+            seconds = time.perf_counter() - start
+            if code != 0:
+                rows.append({"family": name, "format": fmt, "error": f"zoo export exited {code}"})
+                continue
+            manifest = json.loads((out / "zoo_export.json").read_text())
+            batch = 1 if fmt == "pte" else 3  # pte: bounded at the traced batch of 2
+            errors = run_without_zoo([(out, model.export_graphs(batch), folder / f"{name}-{fmt}-run")])
+            rows.append({"family": name, "format": fmt, "MB": manifest["size_bytes"] / 1e6, "seconds": seconds,
+                         "verify_rel_error": manifest["verified"]["max_rel_error"],
+                         "zoo_free_rel_error": errors[out.name], "graphs": list(manifest["graphs"])})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="export every family with its shipped weights (module docstring)")
+    parser.add_argument("--all", action="store_true", help="all five families in onnx and aoti (pte if it imports)")
+    parser.add_argument("--formats", default=None, help="comma-separated formats instead")
+    parser.add_argument("--families", default=None, help="comma-separated families instead")
+    args = parser.parse_args(argv)
+    if not (args.all or args.formats or args.families):
+        parser.error("give --all, or --formats / --families")
+    formats = args.formats.split(",") if args.formats else ["onnx", "aoti"]
+    if not args.formats:
+        try:
+            import executorch  # noqa: F401
+            formats.append("pte")
+        except ImportError:
+            print("executorch does not import here: no pte exports (pip install 'zoo[mobile]')", file=sys.stderr)
+    families = args.families.split(",") if args.families else zoo.list_models()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = check_all(formats, families, Path(tmp))
+    print(f"{'family':<16} {'format':<6} {'MB':>7} {'export s':>9} {'verify rel':>11} {'no-zoo rel':>11}  graphs")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['family']:<16} {r['format']:<6} {r['error']}")
+        else:
+            print(f"{r['family']:<16} {r['format']:<6} {r['MB']:>7.2f} {r['seconds']:>9.1f} "
+                  f"{r['verify_rel_error']:>11.2e} {r['zoo_free_rel_error']:>11.2e}  {','.join(r['graphs'])}")
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
