@@ -2,6 +2,7 @@
 tested without waiting for (or paying for) the real families."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -10,6 +11,16 @@ from torch import nn
 
 from zoo.models.base import ZooModel
 from zoo.registry import register_model, unregister_model
+
+# Under pytest-xdist (`pytest -n 2`, the README's command) two workers share the cores: each worker and the
+# scripts it starts (train scripts, torchrun, `zoo predict`) use one thread, so the two never oversubscribe
+# the CPU (2 workers x 2 OpenMP threads on 2 cores would).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    threads = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+                  // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
 
 TINY = "tiny_test_cls"
 
