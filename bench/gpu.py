@@ -1,25 +1,32 @@
 """The families on one CUDA GPU, side by side with the peer library in the same process.
 
-Inference (ms per batch, CUDA-synchronised medians; ratios to zoo's eager fp32): eager fp32 (PyTorch's
-defaults: TF32 convolutions, fp32 matmuls), bf16 and fp16 autocast, bf16 weights (`zoo.accel.cast`),
-compiled bf16 weights with frozen parameters; the peer's eager fp32 and bf16 autocast. Training step
-(forward, loss, backward, fused AdamW): fp32, bf16 autocast, fp16 autocast with loss scaling, and peak
-GPU memory. For unet3d_seg: peak memory of a training step per activation-checkpointing policy.
+Inference (ms per batch, CUDA-synchronised medians): eager fp32 (PyTorch's defaults: TF32 convolutions,
+fp32 matmuls), bf16 and fp16 autocast, bf16 weights (`zoo.accel.cast`), compiled bf16 weights with frozen
+parameters; the peer's eager fp32 and bf16 autocast. Training step (forward, loss, backward, fused AdamW):
+fp32, bf16 autocast, fp16 autocast with loss scaling, and the step's peak GPU memory (growth over what was
+allocated before its model was built). For unet3d_seg: a training step per activation-checkpointing policy.
+Each table's rows are timed interleaved round by round, medians over rounds; ratios to zoo's eager fp32 and
+to the peer's, within each round. The header names the GPU and this run's fp32/bf16/fp16 matmul peaks
+(before and after the rows); rows in a dtype the GPU only emulates are skipped unless --force-emulated.
 
-    python bench/gpu.py                       # all families
+    python bench/gpu.py --save                # all families, bench/results/NAME.gpu-<gpu>.txt
     python bench/gpu.py bert_cls --no-compile
+    python bench/gpu.py bert_cls --device cpu --no-compile --batch 2 --reps 2   # a smoke run without a GPU
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import functools
 
 import torch
 
 import zoo
 from zoo.accel.amp import cast, grad_scaler, with_autocast
-from zoo.accel.variants import channels_last, has_conv, time_call
-from zoo.bench import example_loss, peer_model
+from zoo.accel.variants import channels_last, has_conv
+from zoo.bench import (PEAK_DTYPES, BenchRun, add_run_arguments, build_row, example_loss, format_table, peer_model,
+                       time_rows)
 from zoo.accel.compile import compile as zoo_compile
 
 # (registry config, example_inputs options, batch): sizes where a GPU is busy, not launch-bound
@@ -32,27 +39,32 @@ SETUPS = {
 }
 
 
-def _reset_peak():
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+def _allocated_mb() -> float:
+    return torch.cuda.memory_allocated() / 2 ** 20 if torch.cuda.is_available() else float("nan")
 
 
 def _peak_mb() -> float:
     return torch.cuda.max_memory_allocated() / 2 ** 20 if torch.cuda.is_available() else float("nan")
 
 
+def _reset_peak() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
 def inference_modes(device: str, compile_: bool):
-    yield "eager fp32", lambda m, x: (m, x)
-    yield "bf16 autocast", lambda m, x: (with_autocast(m, device, "bf16", force=True), x)
-    yield "fp16 autocast", lambda m, x: (with_autocast(m, device, "fp16", force=True), x)
-    yield "bf16 weights (cast)", lambda m, x: (cast(m, "bf16", force=True), x)
+    """(mode, build(model, inputs) -> (runnable, inputs), the low precision it runs in)"""
+    yield "eager fp32", lambda m, x: (m, x), None
+    yield "bf16 autocast", lambda m, x: (with_autocast(m, device, "bf16", force=True), x), torch.bfloat16
+    yield "fp16 autocast", lambda m, x: (with_autocast(m, device, "fp16", force=True), x), torch.float16
+    yield "bf16 weights (cast)", lambda m, x: (cast(m, "bf16", force=True), x), torch.bfloat16
     if compile_:
         def compiled(m, x):
             if has_conv(m):
                 m, x = channels_last(m, x)
             return zoo_compile(cast(m, "bf16", force=True), freeze=True), x
-        yield "compile+bf16 weights (frozen)", compiled
+        yield "compile+bf16 weights (frozen)", compiled, torch.bfloat16
 
 
 def train_step(model, inputs, amp: str, device: str):
@@ -69,84 +81,105 @@ def train_step(model, inputs, amp: str, device: str):
     return step
 
 
-def row(label, mode, seconds, batch, baseline):
-    return f"{label:<14} {mode:<32} {seconds * 1e3:9.2f} {batch / seconds:10.1f} {baseline / seconds:6.2f}x"
+def measured_step(build, columns: dict):
+    """A training step whose warm-up (two steps) records the peak memory growth over what was allocated
+    before its model was built: the rows of a table are all alive while they are timed."""
+    base = _allocated_mb()
+    _reset_peak()
+    step = build()
+    step()
+    step()
+    columns["peak MB"] = _peak_mb() - base
+    return step
 
 
-def bench_family(name: str, device: str, compile_: bool, batch: int | None = None) -> None:
+def bench_family(name: str, args) -> None:
+    device = args.device
     config, example, default_batch = SETUPS[name]
-    batch = batch or default_batch
+    batch = args.batch or default_batch
+    compile_ = not args.no_compile and name in ("bert_cls", "effnetv2_cls", "transformer_lm")
     torch.manual_seed(0)
     model = zoo.load(name, **config).to(device).eval()
     inputs = tuple(t.to(device) for t in model.example_inputs(batch, **example))
     peer = peer_model(name, model)
     shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
-    print(f"\n## {name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, inputs {shapes}")
-    print(f"{'model':<14} {'inference mode':<32} {'ms/batch':>9} {'items/s':>10} {'ratio':>7}")
-    baseline = None
-    for mode, build in inference_modes(device, compile_):
-        try:
-            runnable, x = build(copy.deepcopy(model), inputs)
-            with torch.inference_mode():
-                seconds = time_call(lambda: runnable(*x), warmup=3, reps=10)
-        except Exception as e:  # a mode that does not apply is a row saying so
-            print(f"{'zoo':<14} {mode:<32} n/a: {type(e).__name__}: {str(e).splitlines()[0][:90]}")
-            continue
-        baseline = baseline or seconds
-        print(row("zoo", mode, seconds, batch, baseline))
+    run = BenchRun(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, inputs {shapes}",
+                   peaks=("fp32", "bf16", "fp16"), device=device)
+
+    def row(label, mode, build, dtype, warmup=3, context=torch.inference_mode):
+        return build_row(label, mode, build, batch=batch, dtype=dtype, device=device, warmup=warmup,
+                         context=context, force_emulated=args.force_emulated)
+
+    def step_row(label, mode, build, dtype):
+        """A training step as a row, warmed up (and its peak memory measured) by `measured_step`."""
+        columns = {}
+        step = functools.partial(measured_step, build, columns)
+        return {**row(label, mode, step, dtype, warmup=0, context=contextlib.nullcontext), **columns}
+
+    def inference(m, build):
+        runnable, x = build(copy.deepcopy(m), inputs)
+        return functools.partial(runnable, *x)
+
+    label = None
+    built = [row("zoo", mode, functools.partial(inference, model, build), dtype)
+             for mode, build, dtype in inference_modes(device, compile_)]
     if peer is not None:
         label, peer = peer[0], peer[1].to(device).eval()
-        autocast_peer = with_autocast(copy.deepcopy(peer), device, "bf16", force=True)
-        for mode, runnable in [("eager fp32", peer), ("bf16 autocast", autocast_peer)]:
-            with torch.inference_mode():
-                print(row(label, mode, time_call(lambda: runnable(*inputs), warmup=3, reps=10), batch, baseline))
-    print(f"{'model':<14} {'training step':<32} {'ms/step':>9} {'items/s':>10} {'ratio':>7} {'peak MB':>8}")
-    candidates = [("zoo", model)] + ([(label, peer)] if peer is not None else [])
-    baseline = None
+        built += [row(label, mode, functools.partial(inference, peer, build), dtype)
+                  for mode, build, dtype in list(inference_modes(device, False))[:2]]
+    inference_rows = time_rows(built, rounds=args.reps, calls=5, peer=label)
+
     conv = any(t.dim() in (4, 5) for t in inputs)
     # conv nets train with --channels-last in their train script: measure that too (tensor-core layouts)
     modes = [("fp32", False), ("bf16", False), ("fp16", False)] + ([("bf16", True)] if conv else [])
-    for label, m in candidates:
+
+    def trainable(m, amp, last):
+        net, x = copy.deepcopy(m).train(), inputs
+        if last:
+            net, x = channels_last(net, inputs)
+        return train_step(net, x, amp, device)
+
+    built = []
+    for model_label, m in [("zoo", model)] + ([(label, peer)] if peer is not None else []):
         for amp, last in modes:
-            trainable, x = copy.deepcopy(m).train(), inputs
-            if last:
-                trainable, x = channels_last(trainable, inputs)
-            _reset_peak()
-            seconds = time_call(train_step(trainable, x, amp, device), warmup=2, reps=5)
-            peak = _peak_mb()
-            baseline = baseline or seconds
             mode = f"{amp}{' autocast' if amp != 'fp32' else ''}{' + channels_last' if last else ''}"
-            print(row(label, mode, seconds, batch, baseline) + f" {peak:8.0f}")
-            del trainable
+            built.append(step_row(model_label, mode, functools.partial(trainable, m, amp, last),
+                                  PEAK_DTYPES[amp] if amp != "fp32" else None))
     if name == "unet3d_seg":
-        checkpointing_memory(config, inputs, device)
+        built += checkpointing_rows(config, inputs, device, step_row)
+    training_rows = time_rows(built, rounds=args.reps, calls=2, peer=label)
+    run.finish()
+    run.say(f"{args.reps} rounds, interleaved (inference 5 calls, training 2 steps per row and round); ratio: to "
+            f"zoo eager fp32" + (f", vs {label}: to {label} eager fp32" if label else "") + "; medians")
+    run.say(format_table(inference_rows, peer=label))
+    run.say(format_table(training_rows, peer=label, columns={"peak MB": ".0f"}, unit="step"))
+    if args.save:
+        run.save(name)
 
 
-def checkpointing_memory(config, inputs, device):
-    print(f"{'checkpointing':<20} {'ms/step':>9} {'peak MB':>8} (bf16 autocast)")
-    for policy in ("none", "selective", "blocks", "every_k"):
+def checkpointing_rows(config, inputs, device, step_row):
+    """unet3d_seg training steps (bf16 autocast) per activation-checkpointing policy."""
+    def model_step(policy):
         torch.manual_seed(0)
         model = zoo.load("unet3d_seg", **config, checkpointing=policy).to(device).train()
-        _reset_peak()
-        seconds = time_call(train_step(model, inputs, "bf16", device), warmup=1, reps=3)
-        print(f"{policy:<20} {seconds * 1e3:9.1f} {_peak_mb():8.0f}")
-        del model
+        return train_step(model, inputs, "bf16", device)
+
+    return [step_row("zoo", f"checkpointing={policy}, bf16 autocast", functools.partial(model_step, policy),
+                     torch.bfloat16) for policy in ("none", "selective", "blocks", "every_k")]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", default=list(SETUPS))
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--batch", type=int, default=None, help="override every family's batch (smoke runs)")
     parser.add_argument("--device", default="cuda", help="cpu only to smoke-test this script")
+    add_run_arguments(parser)
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("bench/gpu.py needs a CUDA GPU; bench/ has the CPU scripts")
-    print(f"{torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}; torch {torch.__version__}")
     for name in args.names:
-        bench_family(name, args.device, compile_=not args.no_compile and name in ("bert_cls", "effnetv2_cls",
-                                                                                  "transformer_lm"),
-                     batch=args.batch)
+        bench_family(name, args)
 
 
 if __name__ == "__main__":

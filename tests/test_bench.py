@@ -1,6 +1,7 @@
 """zoo.bench, the one harness of `zoo bench` and bench/*.py: rows built first, then timed interleaved round by
 round; emulated dtypes skipped with the reason; onnxruntime as a peer row; results named by CPU class."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,6 +79,14 @@ def test_a_row_in_a_dtype_the_cpu_emulates_is_skipped_with_the_reason_unless_for
 def test_matmul_peaks_measure_each_dtype():
     for dtype in (torch.float32, torch.bfloat16, torch.int8):  # int8: oneDNN's u8 x s8 kernel on x86
         assert bench.matmul_peak_gflops(dtype, n=128) > 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads Linux's peak-RSS mark")
+def test_peak_rss_growth_is_what_the_call_adds():
+    def allocate():
+        torch.ones(16 * 2**20)  # 64 MiB, written, freed at once
+    assert 48 < bench.peak_rss_growth_mb(allocate) < 128
+    assert bench.peak_rss_growth_mb(lambda: None) < 16  # the mark is reset: not this process's history
 
 
 def test_bench_harness_prints_side_by_side_rows_with_config_and_size(monkeypatch, capsys):

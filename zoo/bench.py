@@ -21,7 +21,6 @@ import importlib.util
 import inspect
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -42,7 +41,7 @@ from zoo.models.base import ZooModel
 __all__ = ["time_call", "example_loss", "PEAK_DTYPES", "matmul_peak_gflops", "matmul_peaks", "count_flops", "emulated",
            "build_row", "build_rows", "time_rows", "OnnxRuntimeModel", "onnxruntime_row", "onnxruntime_settings",
            "BenchRun", "add_run_arguments", "cpu_tag", "device_tag", "results_heading", "train_step",
-           "peer_model", "format_table", "main"]
+           "peak_rss_growth_mb", "peer_model", "format_table", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent  # the source checkout, where bench/peers.py and bench/results live
 
@@ -430,23 +429,29 @@ def _train_step_child(name: str, batch: int, checkpointing: str, amp: str, confi
 
     step()  # warm-up: allocator pools, lazy init
     gc.collect()
-    base = _current_rss_kb()
+    t0 = time.perf_counter()
+    peak = peak_rss_growth_mb(step)
+    print(json.dumps({"peak_mb": round(peak, 1), "step_s": round(time.perf_counter() - t0, 3)}))
+
+
+def peak_rss_growth_mb(call: Callable[[], object]) -> float:
+    """How far this process's resident memory rose above its current size while `call()` ran (MiB): the
+    kernel's peak-RSS mark (VmHWM) is reset first. Not getrusage's ru_maxrss: a process started by another
+    inherits the parent's RSS at fork time there (a child of a 1 GiB bench process read 1 GiB for a 2 MiB call)."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the kernel's peak-RSS counter, so ru_maxrss is this step's peak
+            f.write("5")
     except OSError:
-        pass  # then the peak may include the warm-up step, which is about the same size
-    t0 = time.perf_counter()
-    step()
-    seconds = time.perf_counter() - t0
-    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
-    print(json.dumps({"peak_mb": round(peak, 1), "step_s": round(seconds, 3)}))
+        pass  # then the mark may include what ran before, e.g. a warm-up call of about the same size
+    base = _status_kb("VmRSS")
+    call()
+    return (_status_kb("VmHWM") - base) / 1024
 
 
-def _current_rss_kb() -> int:
+def _status_kb(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
 
