@@ -93,6 +93,9 @@ def cmd_export(args) -> int:
                          "deprecated upstream: aoti replaces it)")
     if args.int8:
         raise NotImplementedError("--int8 is not built yet (issue 20 item 3); export in fp32 without --int8 for now")
+    if not args.verbose:  # the ONNX exporter's passes note each weight they fold at INFO: hundreds of lines
+        for library in ("onnx_ir", "onnxscript"):
+            logging.getLogger(library).setLevel(logging.WARNING)
     model = zoo.load(args.name, pretrained=_pretrained(entry, args.pretrained, "exporting"))
     dynamic = None if args.dynamic is None else args.dynamic.split(",")
     result = export(model, args.format, args.out, batch=args.batch, dynamic=dynamic)

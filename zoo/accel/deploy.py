@@ -7,8 +7,8 @@ the files, every graph's inputs and outputs (names, dtypes, shapes with the dyna
 bounded), the weights' preprocessing, labels and sha256, and the library versions. Each graph is then run
 from the written file (zoo.accel.artifacts, which needs no zoo) at another shape than the traced one (batch + 1,
 every other dynamic size one step longer, or shorter at its maximum) and compared with the eager model; the
-export fails unless the largest error is within `tolerance` of the output's magnitude. All of it is written in a temporary folder beside `out` and
-renamed at the end, so a failed export leaves nothing behind.
+export fails unless the largest error is within `tolerance` of the output's magnitude. All of it is written
+in a temporary folder beside `out` and renamed at the end, so a failed export leaves nothing behind.
 
 Formats: "onnx" (the dynamo exporter, run in onnxruntime), "aoti" (AOTInductor: a compiled .pt2 package that
 `torch._inductor.aoti_load_package` loads, and C++ through AOTIModelPackageLoader), "pt2" (`torch.export.save`
