@@ -227,6 +227,12 @@ def onnxruntime_settings() -> str:
             f"(torch's), 1 inter-op, sequential, all graph optimisations, no spin-waiting")
 
 
+def _reduce_range() -> bool:
+    # without VNNI onnxruntime's u8 x s8 kernel (AVX2 vpmaddubsw) saturates its int16 pair sums: a 64-256-8 MLP
+    # came out 16% off with full-range int8 weights, 2% with 7-bit ones (onnxruntime's advice)
+    return not hardware.capabilities(cuda=False).vnni
+
+
 class OnnxRuntimeModel:
     """`model` exported through zoo.accel.export_onnx (fp32, checked against PyTorch on `inputs`; a dynamic
     batch, and `dynamic_dims` as export_onnx takes them) and run in an onnxruntime InferenceSession on the CPU
@@ -254,12 +260,6 @@ class OnnxRuntimeModel:
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
         feeds = {name: t.contiguous().numpy() for name, t in zip(self.input_names, tensors)}  # channels_last too
         return torch.from_numpy(self.session.run(None, feeds)[0])
-
-
-def _reduce_range() -> bool:
-    # without VNNI onnxruntime's u8 x s8 kernel (AVX2 vpmaddubsw) saturates its int16 pair sums: a 64-256-8 MLP
-    # came out 16% off with full-range int8 weights, 2% with 7-bit ones (onnxruntime's advice)
-    return not hardware.capabilities(cuda=False).vnni
 
 
 def onnxruntime_row(model: nn.Module, inputs: tuple, *, int8: bool = False,
