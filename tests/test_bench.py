@@ -1,6 +1,7 @@
 """zoo.bench, the one harness of `zoo bench` and bench/*.py: rows built first, then timed interleaved round by
 round; emulated dtypes skipped with the reason; onnxruntime as a peer row; results named by CPU class."""
 import json
+import mmap
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,12 @@ def test_matmul_peaks_measure_each_dtype():
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads Linux's peak-RSS mark")
 def test_peak_rss_growth_is_what_the_call_adds():
     def allocate():
-        torch.ones(16 * 2**20)  # 64 MiB, written, freed at once
+        # a fresh mapping, every page written: a tensor could reuse heap pages that earlier tests left resident
+        # (under pytest-xdist the RSS then did not move at all)
+        size = 64 * 2**20
+        with mmap.mmap(-1, size) as buf:
+            for offset in range(0, size, mmap.PAGESIZE):
+                buf[offset] = 1
     assert 48 < bench.peak_rss_growth_mb(allocate) < 128
     assert bench.peak_rss_growth_mb(lambda: None) < 16  # the mark is reset: not this process's history
 
