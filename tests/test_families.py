@@ -11,10 +11,9 @@ runs the model-level checks below (all but predict and DDP) as its own case, `<f
     contract                         config frozen, example_inputs deterministic, example_loss a finite
                                      scalar, head_prefixes name real keys, a new num_classes gets a finite head
     compile                          zoo.accel.compile: zero graph breaks, one graph across two batch sizes
-    export                           zoo.accel.export to ONNX and .pt2 (itself checked at another shape):
-                                     equal to eager at another batch in onnxruntime / torch.export.load, the
-                                     manifest describes the inputs, and both files run in a process that
-                                     cannot import zoo
+    export                           zoo.accel.export to ONNX and .pt2 (each file run at another shape than
+                                     traced against eager), manifests describing the inputs, and both files
+                                     equal to eager at another batch in a process that cannot import zoo
     checkpointing                    zoo.accel.checkpointing(model, "blocks"): identical gradients, fewer
                                      saved activations, the same state-dict keys
     DDP                              the family's own train script under torchrun (2 processes, gloo) for
@@ -347,53 +346,42 @@ def written(result):
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_onnx_export_equals_eager_at_another_batch(name, exported):
+def test_export_to_onnx_and_pt2_is_described_and_verified(name, exported):
+    """Both exports succeed (zoo.accel.export runs each file at another shape against eager, and raises above
+    1e-3), and their manifests describe the family's inputs and outputs and a verification at other sizes of
+    every dynamic dimension."""
     pytest.importorskip("onnxruntime")
     model, results = exported(name)
-    onnx = written(results["onnx"]).files[0]
-    # check_onnx raises unless onnxruntime's output is within atol 1e-4 + rtol 1e-3 of PyTorch's
-    accel.check_onnx(onnx, model, inputs(model, OTHER_BATCH), atol=1e-4, rtol=1e-3)
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_torch_export_program_saved_and_loaded_equals_eager_at_another_batch(name, exported):
-    model, results = exported(name)
-    loaded = torch.export.load(written(results["pt2"]).files[0])
-    x = inputs(model, OTHER_BATCH)
-    with torch.no_grad():
-        got = first(loaded.module()(*x))
-    torch.testing.assert_close(got, run_eval(model, x), atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_export_manifest_describes_inputs_and_verification(name, exported):
-    model, results = exported(name)
-    manifest = written(results["onnx"]).manifest
     graphs = model.export_graphs(BATCH, **example(name))
-    assert manifest["format"] == "onnx" and manifest["file"] == "model.onnx"
-    assert list(manifest["graphs"]) == list(graphs)
-    for graph_name, graph in graphs.items():
-        described = manifest["graphs"][graph_name]
-        verified = manifest["verified"]["graphs"][graph_name]["inputs"]
-        assert [i["name"] for i in described["inputs"]] == list(graph.names)
-        assert [o["name"] for o in described["outputs"]] == list(graph.outputs)
-        for entry, t, dims in zip(described["inputs"], graph.inputs, graph.dims):
-            assert entry["dtype"] == str(t.dtype).removeprefix("torch.")
-            assert entry["shape"] == [dims[d].name if d in dims else size for d, size in enumerate(t.shape)]
-            assert all(verified[entry["name"]][d] != t.shape[d] for d in dims), \
-                f"{graph_name}.{entry['name']} was verified at the traced size of a dynamic dimension"
-    assert manifest["verified"]["max_rel_error"] <= 1e-3
+    for fmt, suffix in (("onnx", ".onnx"), ("pt2", ".pt2")):
+        manifest = written(results[fmt]).manifest
+        assert manifest["format"] == fmt and manifest["file"] == f"model{suffix}"
+        assert list(manifest["graphs"]) == list(graphs)
+        for graph_name, graph in graphs.items():
+            described = manifest["graphs"][graph_name]
+            verified = manifest["verified"]["graphs"][graph_name]["inputs"]
+            assert [i["name"] for i in described["inputs"]] == list(graph.names)
+            assert [o["name"] for o in described["outputs"]] == list(graph.outputs)
+            for entry, t, dims in zip(described["inputs"], graph.inputs, graph.dims):
+                assert entry["dtype"] == str(t.dtype).removeprefix("torch.")
+                assert entry["shape"] == [dims[d].name if d in dims else size for d, size in enumerate(t.shape)]
+                assert all(verified[entry["name"]][d] != t.shape[d] for d in dims), \
+                    f"{graph_name}.{entry['name']} was verified at the traced size of a dynamic dimension"
+        assert manifest["verified"]["max_rel_error"] <= 1e-3
 
 
 def test_exported_files_run_in_a_process_that_cannot_import_zoo(exported, tmp_path):
     """Every case's ONNX and .pt2 export, fed inputs at another batch in a process where `import zoo` fails,
-    equals eager to 1e-3 of each output's magnitude. One process for all: starting torch costs seconds."""
+    equals eager to 1e-3 of each output's magnitude. One process for all (starting torch costs seconds); an
+    export that failed is reported by the test above."""
+    pytest.importorskip("onnxruntime")
     jobs = []
     for name in CASES:
         model, results = exported(name)
         graphs = model.export_graphs(OTHER_BATCH, **example(name))
-        for fmt in ("onnx", "pt2"):
-            jobs.append((written(results[fmt]).folder, graphs, tmp_path / f"{name}-{fmt}"))
+        jobs += [(r.folder, graphs, tmp_path / f"{name}-{fmt}") for fmt, r in results.items()
+                 if not isinstance(r, Exception)]
+    assert jobs, "no export succeeded"
     run_without_zoo(jobs)
 
 

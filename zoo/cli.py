@@ -116,7 +116,8 @@ formats:
         Python, AOTIModelPackageLoader in C++, without zoo; compiling takes minutes on a few cores
   pt2   torch.export.save of the ExportedProgram (torch.export.load(path).module() runs it)
   pte   ExecuTorch with the XNNPACK delegate, for mobile and edge (pip install 'zoo[mobile]'); its dynamic
-        sizes are bounded at the traced ones, so trace at the largest batch you need
+        sizes are bounded at the traced ones, so trace at the largest batch you need; not unet3d_seg
+        (ExecuTorch has no 3-D convolution kernel)
 
 TorchScript (torch.jit.trace/script) is deprecated upstream and not offered: aoti is its successor for C++.
 

@@ -200,8 +200,11 @@ def _trace(graph: ExportGraph, keep: set[str]) -> torch.export.ExportedProgram:
     from torch._dynamo.exc import Unsupported, UserError
     from torch.fx.experimental.symbolic_shapes import ConstraintViolationError, GuardOnDataDependentSymNode
     name = type(graph.module).__name__
+    # contiguous, as every runtime feeds inputs: AOTInductor compiles for the example's strides, and a sliced
+    # example (a view with the strides of its base) made it read the runtime's inputs out of bounds
+    inputs = tuple(t.contiguous() for t in graph.inputs)
     try:
-        return export_program(graph.module, graph.inputs, dynamic_shapes=_torch_dims(graph, keep))
+        return export_program(graph.module, inputs, dynamic_shapes=_torch_dims(graph, keep))
     except GuardOnDataDependentSymNode as e:
         where = re.search(r'File "([^"]+)", line (\d+), in (\w+)\n\s+(.+)', str(e))
         at = f" at {Path(where[1]).name}:{where[2]} (`{where[4].strip()}`)" if where else ""
@@ -304,7 +307,12 @@ def _verify(model, graphs: dict[str, ExportGraph], keep: set[str], folder: Path,
         with torch.no_grad():
             want = graph.module(*inputs)
         want = [want] if isinstance(want, Tensor) else list(want)
-        got = runners[name](*(t.numpy() for t in inputs))
+        try:
+            got = runners[name](*(t.numpy() for t in inputs))
+        except Exception as e:  # the runtime refused the graph (an operator it has no kernel for, ...)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise RuntimeError(f"the exported {name!r} does not run at inputs {_shapes(inputs)}: {reason} (the "
+                               "runtime's own log above says more)") from None
         errors = {}
         for out_name, g, w in zip(graph.outputs, got, want):
             g = torch.from_numpy(g)
