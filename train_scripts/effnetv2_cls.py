@@ -1,7 +1,7 @@
 """Train or fine-tune `effnetv2_cls` on an ImageFolder tree or an .npz of uint8 images.
 
     python train_scripts/effnetv2_cls.py --data ../shared/data/cifar10/cifar10_small.npz --variant b0 \
-        --stem-stride 1 --epochs 30 --amp bf16
+        --stem-stride 1 --epochs 30 --amp auto
     python train_scripts/effnetv2_cls.py --data DIR --pretrained default --num-classes 5 --freeze-backbone
     python train_scripts/effnetv2_cls.py --eval-only --pretrained default --data ../shared/data/cifar10/cifar10_small.npz
 

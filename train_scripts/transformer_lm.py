@@ -1,6 +1,6 @@
 """Train or fine-tune `transformer_lm` on a text file (character, byte or BPE level) or a prepared corpus.
 
-    python train_scripts/transformer_lm.py --data ../shared/data/tinyshakespeare/input.txt --steps 2000 --amp bf16
+    python train_scripts/transformer_lm.py --data ../shared/data/tinyshakespeare/input.txt --steps 2000 --amp auto
     python train_scripts/transformer_lm.py --eval-only --pretrained default --data ../shared/data/tinyshakespeare/input.txt
     python train_scripts/transformer_lm.py --data corpus.txt --tokenizer bpe --vocab-size 4096 --steps 2000
 

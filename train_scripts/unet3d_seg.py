@@ -1,6 +1,6 @@
 """Train `unet3d_seg` on generated volumes or a folder of NAME.npy / NAME_label.npy pairs.
 
-    python train_scripts/unet3d_seg.py --data synthetic --steps 2000 --amp bf16 --checkpointing blocks
+    python train_scripts/unet3d_seg.py --data synthetic --steps 2000 --amp auto --checkpointing blocks
     python train_scripts/unet3d_seg.py --data synthetic-random --steps 6000 --train-volumes 4000
     python train_scripts/unet3d_seg.py --eval-only --pretrained default --data synthetic-random
 

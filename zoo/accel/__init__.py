@@ -2,7 +2,7 @@
 
 `zoo.accel.export` is the function (zoo/accel/deploy.py), as `zoo.accel.compile` is; the modules of those names
 stay importable by their full names (`from zoo.accel.export import export_onnx`)."""
-from zoo.accel.amp import autocast, cast, grad_scaler, resolve_dtype, with_autocast
+from zoo.accel.amp import autocast, cast, fastest_dtype, grad_scaler, resolve_dtype, with_autocast
 from zoo.accel.checkpointing import checkpointing
 from zoo.accel.compile import compile, explain, is_compiled
 from zoo.accel.export import check_onnx, export_onnx, export_program
@@ -11,6 +11,6 @@ from zoo.accel.hardware import Capabilities, capabilities
 from zoo.accel.optimize import optimize
 from zoo.accel.quantize import model_size_bytes, quantize
 
-__all__ = ["compile", "explain", "is_compiled", "autocast", "grad_scaler", "resolve_dtype", "with_autocast", "cast",
+__all__ = ["compile", "explain", "is_compiled", "autocast", "grad_scaler", "resolve_dtype", "fastest_dtype", "with_autocast", "cast",
            "checkpointing", "quantize", "model_size_bytes", "export", "export_onnx", "check_onnx", "export_program",
            "optimize", "capabilities", "Capabilities"]

@@ -11,7 +11,7 @@ from zoo.accel import hardware
 
 log = logging.getLogger(__name__)
 
-__all__ = ["autocast", "cast", "grad_scaler", "resolve_dtype", "with_autocast"]
+__all__ = ["autocast", "cast", "fastest_dtype", "grad_scaler", "resolve_dtype", "with_autocast"]
 
 _NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32, "off": torch.float32, "none": torch.float32}
@@ -53,6 +53,19 @@ def resolve_dtype(device: str | torch.device, dtype: str | torch.dtype | None = 
     _warn_once((device.type, target, False),
                f"{reason}: running fp32 instead; pass force=True (train scripts: "
                f"--amp {flag}!) to run {flag} anyway")
+    return torch.float32
+
+
+def fastest_dtype(device: str | torch.device) -> torch.dtype:
+    """The lowest precision `device` runs natively: bf16 (AMX / AVX512-BF16 CPUs, Ampere+ GPUs), else fp16
+    (older GPUs, with a GradScaler), else fp32 — the train scripts' `--amp auto`, which never warns."""
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        return torch.float32
+    caps = hardware.capabilities(cuda=device.type == "cuda")
+    for dtype in (torch.bfloat16, torch.float16):
+        if caps.native(device, dtype) and (device.type == "cuda" or dtype == torch.bfloat16):
+            return dtype  # CPU fp16 (AMX-FP16) autocast covers fewer ops than bf16: bf16 or nothing there
     return torch.float32
 
 

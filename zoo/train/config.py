@@ -41,8 +41,10 @@ class TrainConfig:
     warmup: int = _flag(100, "warm-up optimiser steps (linear)")
     grad_accum: int = _flag(1, "micro-batches accumulated per optimiser step")
     clip: float | None = _flag(1.0, "max global gradient norm (0 disables)")
-    amp: str = _flag("off", "mixed precision; on hardware without native bf16/fp16 it runs fp32 with a warning, "
-                            "bf16! / fp16! force the slow path", choices=["off", "bf16", "fp16", "bf16!", "fp16!"])
+    amp: str = _flag("off", "mixed precision; auto: bf16 where native (AMX/AVX512-BF16 CPUs, Ampere+ GPUs), fp16 "
+                            "on older GPUs, else fp32; bf16/fp16 on hardware without native kernels run fp32 with "
+                            "a warning, bf16! / fp16! force the slow path",
+                     choices=["off", "auto", "bf16", "fp16", "bf16!", "fp16!"])
     compile: bool = _flag(False, "torch.compile the model")
     compile_mode: str | None = _flag(None, "torch.compile mode (implies --compile)",
                                      choices=["default", "reduce-overhead", "max-autotune"])

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from zoo._io import atomic_write_bytes
-from zoo.accel.amp import autocast, grad_scaler, resolve_dtype
+from zoo.accel.amp import autocast, fastest_dtype, grad_scaler, resolve_dtype
 from zoo.accel.compile import compile as zoo_compile
 from zoo.data.seeding import SeededSamples
 from zoo.models.base import ZooModel
@@ -173,7 +173,8 @@ class Trainer:
                                            fused=ctx.mode != "fsdp")
         # resolved once (one warning per run): bf16/fp16 without native kernels on this device fall back to
         # fp32 unless forced (--amp bf16!); the autocast calls below then take the resolved dtype as is
-        self.amp_dtype = resolve_dtype(self.device, cfg.amp if cfg.amp != "off" else "fp32")
+        self.amp_dtype = (fastest_dtype(self.device) if cfg.amp == "auto"
+                          else resolve_dtype(self.device, cfg.amp if cfg.amp != "off" else "fp32"))
         self.scaler = grad_scaler(self.device, self.amp_dtype, force=True)
         self.ema = EMA(self.plain, cfg.ema) if cfg.ema else None
         # the loss of a training step: the task's own, or with --teacher the task's mixed with soft targets

@@ -6,6 +6,7 @@ importing `zoo.cards`, which reads the shipped weights: `zoo.cards` imports `zoo
 from __future__ import annotations
 
 import json
+import re
 
 from zoo.registry import get_entry
 from zoo.weights.files import WeightsMeta
@@ -35,7 +36,13 @@ def render_card(name: str, metas: dict[str, WeightsMeta], level: int = 2) -> str
         for key, value in sorted(m.metrics.items()):
             lines.append(f"- {key}: {_fmt_metric(value)}")
         if m.command:
-            lines += ["", "Training command:", "", "```", m.command, "```", "", "Run details:", ""]
+            lines += ["", "Training command:", "", "```", m.command, "```", ""]
+            if re.search(r"--amp (bf16|fp16)(\s|$)", m.command):
+                # the recorded command is what ran; say what it does on hardware without native bf16/fp16
+                lines += ["On hardware without native bf16/fp16 (e.g. AVX2 CPUs) this `--amp` runs fp32 with "
+                          "one warning (`--amp auto` chooses by hardware; `--amp bf16!` forces the slow path), "
+                          "so a rerun there gives slightly different weights.", ""]
+            lines += ["Run details:", ""]
         for key, value in sorted(m.extra.items()):
             if key == "bench":
                 lines += ["", "Benchmark:", "", "```", str(value).rstrip(), "```"]
