@@ -625,3 +625,13 @@ def test_dynamic_batch_export_of_a_batch_1_example_takes_other_batches(tmp_path)
     x = torch.randn(5, 4)
     got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
     torch.testing.assert_close(torch.from_numpy(got), model(x).detach(), atol=1e-5, rtol=1e-4)
+
+
+def test_a_missing_optional_package_is_one_line_naming_the_install(tmp_path, capsys, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # `import tokenizers` now raises ImportError
+    code = LM(lm(tmp_path, "--steps", "2", "--tokenizer", "bpe", "--vocab-size", "300"))
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert "error: the BPE tokenizer needs the tokenizers package: pip install tokenizers" in err, err
+    assert not (tmp_path / "run" / "model.safetensors").exists()

@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from zoo._deps import require
 from zoo._io import atomic_write_bytes
 from zoo.accel import hardware
 from zoo.accel.hardware import cpu_class
@@ -199,11 +200,7 @@ def _ratio(base: list[float], mine: list[float]) -> float:
 # --------------------------------------------------------------------------------- onnxruntime rows
 
 def _onnxruntime():
-    try:
-        import onnxruntime
-    except ImportError:
-        raise RuntimeError("onnxruntime rows need onnxruntime: pip install onnxruntime") from None
-    return onnxruntime
+    return require("onnxruntime", "onnxruntime rows", "pip install onnxruntime")
 
 
 def _session_options(ort):

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from zoo._deps import require
 from zoo._io import atomic_path
 from zoo.models.base import unwrap
 
@@ -58,11 +59,8 @@ def export_onnx(model: nn.Module, example_inputs: tuple, path: str | os.PathLike
                 check: bool = True, atol: float = 1e-4) -> Path:
     """Write an ONNX file (atomically) through the torch.export-based exporter; with check=True run it in
     onnxruntime on the example and compare with the PyTorch output."""
-    try:
-        import onnx  # noqa: F401
-        import onnxscript  # noqa: F401
-    except ImportError:
-        raise RuntimeError("ONNX export needs the [export] extra: pip install 'zoo[export]'") from None
+    for module in ("onnx", "onnxscript"):
+        require(module, "ONNX export", "pip install 'zoo[export]'")
     path = Path(path)
     example_inputs = tuple(example_inputs)
     program = export_program(model, example_inputs, dynamic_batch=dynamic_batch, dynamic_dims=dynamic_dims)
@@ -87,10 +85,7 @@ def write_onnx(program: torch.export.ExportedProgram, path: str | os.PathLike, *
 def check_onnx(path: str | os.PathLike, model: nn.Module, inputs: tuple, *, atol: float = 1e-4,
                rtol: float = 1e-3) -> float:
     """Run the ONNX file in onnxruntime and compare with the model; returns the max abs difference."""
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise RuntimeError("checking ONNX needs onnxruntime: pip install 'zoo[export]'") from None
+    ort = require("onnxruntime", "checking ONNX", "pip install 'zoo[export]'")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), inputs)}
     got = session.run(None, feeds)

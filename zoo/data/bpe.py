@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 from typing import Iterable
 
+from zoo._deps import require
+
 __all__ = ["BPETokenizer", "check_vocab_size", "MIN_VOCAB", "MAX_VOCAB"]
 
 MIN_VOCAB = 257  # the 256 byte tokens and at least one merge (256 alone is the byte tokenizer)
@@ -26,11 +28,7 @@ def check_vocab_size(vocab_size: int | None) -> int:
 
 
 def _tokenizers():
-    try:
-        import tokenizers
-    except ImportError:
-        raise RuntimeError("the BPE tokenizer needs the tokenizers package: pip install tokenizers") from None
-    return tokenizers
+    return require("tokenizers", "the BPE tokenizer", "pip install tokenizers")
 
 
 @functools.lru_cache(maxsize=8)

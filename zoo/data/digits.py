@@ -6,16 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo._deps import require
+
 __all__ = ["load_digits_images", "DigitsJudge"]
 
 
 def load_digits_images(size: int = 16, *, split: str = "train", holdout: float = 0.2, seed: int = 0):
     """(images in [-1, 1], (N, 1, size, size); labels (N,)) from sklearn's 1,797 8x8 digits, upsampled
     bilinearly; `split` train|test is a fixed, class-stratified random split."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise RuntimeError("the digits data set comes with scikit-learn: pip install scikit-learn") from None
+    load_digits = require("sklearn.datasets", "the digits data set", "pip install scikit-learn",
+                          package="scikit-learn").load_digits
     digits = load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16.0  # (N, 1, 8, 8) in [0, 1]
     x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False).clamp(0, 1) * 2 - 1

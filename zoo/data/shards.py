@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from zoo._deps import require
 from zoo.data.seeding import rng_restored, sample_seed, seed_sample
 
 __all__ = ["is_shard_pattern", "ShardIndex", "ShardStream", "ShardImages", "TextShards", "IMAGE_FIELDS",
@@ -49,11 +50,7 @@ def is_shard_pattern(spec: str | None) -> bool:
 
 
 def _webdataset():
-    try:
-        import webdataset
-    except ImportError:
-        raise RuntimeError("reading WebDataset shards needs the webdataset package: pip install webdataset") from None
-    return webdataset
+    return require("webdataset", "reading WebDataset shards", "pip install webdataset")
 
 
 @dataclass

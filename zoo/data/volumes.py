@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from zoo._deps import require
+
 __all__ = ["synthetic_volume", "randomised_volume", "independent_volume", "GENERATORS", "SyntheticVolumes",
            "VolumeFolder", "read_volume", "write_labels", "volume_suffix"]
 
@@ -358,11 +360,7 @@ def volume_suffix(path: str | Path) -> str | None:
 
 
 def _nibabel():
-    try:
-        import nibabel
-    except ImportError:
-        raise RuntimeError("NIfTI volumes need the nibabel package: pip install nibabel") from None
-    return nibabel
+    return require("nibabel", "reading and writing NIfTI volumes", "pip install nibabel")
 
 
 def read_volume(path: str | Path, what: str = "volume"):

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from zoo._deps import MissingPackage
 from zoo._io import atomic_write_bytes
 from zoo.accel.amp import autocast, fastest_dtype, grad_scaler, resolve_dtype
 from zoo.accel.compile import compile as zoo_compile
@@ -818,8 +819,8 @@ def _relative(arg: str) -> str:
 
 
 # Mistakes a user can fix. RuntimeError is left out on purpose: torch raises it for internal failures,
-# whose traceback the user (or we) need.
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
+# whose traceback the user (or we) need; a missing optional package (MissingPackage) is one line.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, MissingPackage)
 
 
 def run(cfg: TrainConfig, build_task: Callable[[TrainConfig], Task]) -> dict[str, Any]:
