@@ -44,10 +44,15 @@ def test_effnet_predict_with_flip_is_the_mean_of_the_two_forwards(tmp_path):
         run("effnetv2_cls", model, [str(paths[0])], {"tta": "rotate"})
 
 
-def test_train_script_eval_only_with_tta_flip_scores_the_averaged_logits(tmp_path):
-    spec = importlib.util.spec_from_file_location("train_script_effnet_tta", ROOT / "train_scripts" / "effnetv2_cls.py")
+def train_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"train_script_{name}_tta", ROOT / "train_scripts" / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_train_script_eval_only_with_tta_flip_scores_the_averaged_logits(tmp_path):
+    script = train_script("effnetv2_cls")
     g = np.random.default_rng(0)
     x_test, y_test = g.integers(0, 255, (24, 16, 16, 3), dtype=np.uint8), np.arange(24) % 3
     np.savez(tmp_path / "tiny.npz", x_train=x_test, y_train=y_test, x_test=x_test, y_test=y_test)
@@ -80,3 +85,20 @@ def test_unet3d_flip_averages_probabilities_over_the_8_flips():
     got = model.predict_volume(volume, window=8, tta="flip")
     assert torch.equal(got, want)
     assert not torch.equal(got, model.predict_volume(volume, window=8)), "the flips changed nothing"
+
+
+def test_unet3d_train_script_scores_the_flip_averaged_segmentation(tmp_path, monkeypatch):
+    from zoo.models.unet3d import UNet3d
+    torch.manual_seed(0)
+    zoo.save(zoo.load("unet3d_seg", channels=(4, 8), blocks=1), tmp_path / "m.safetensors")
+    calls = []
+    predict = UNet3d.predict_volume
+
+    def spy(self, volume, **kw):  # the flips themselves are checked above
+        calls.append(kw.get("tta", "none"))
+        return predict(self, volume, **kw)
+    monkeypatch.setattr(UNet3d, "predict_volume", spy)
+    argv = ["--eval-only", "--pretrained", str(tmp_path / "m.safetensors"), "--data", "synthetic", "--volume", "16",
+            "--crop", "8", "--val-volumes", "1", "--unseen-volumes", "1", "--workers", "0"]
+    train_script("unet3d_seg").main([*argv, "--tta", "flip"])
+    assert calls == ["flip"] * 2, "both evaluation volumes (own and unseen generator) segmented with the 8 flips"

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import zoo
+from zoo.blocks.tta import TTA_MODES
 from zoo.data.volumes import GENERATORS, SyntheticVolumes, VolumeFolder
 from zoo.models.unet3d import UNet3dConfig, dice_ce_loss, dice_per_class, smallest_window
 from zoo.models.base import unwrap
@@ -122,7 +123,7 @@ def build_task(cfg) -> Task:
         sums = torch.zeros(2, 2, k)  # per source (own generator, unseen one), per class: Dice sum, volumes with it
         merged = torch.zeros(2, 2)  # per source: Dice of all foreground merged into one class, volumes
         for image, label, source in zip(images, labels, sources.tolist()):
-            pred = plain.predict_volume(image, window=a["crop"]).cpu()
+            pred = plain.predict_volume(image, window=a["crop"], tta=a["tta"]).cpu()  # --tta flip: 8 flips averaged
             label = label.cpu()
             for c, d in dice_per_class(pred, label, k).items():
                 sums[source, 0, c] += d
@@ -151,7 +152,8 @@ def build_task(cfg) -> Task:
                           f"10000..{10_000 + a['val_volumes'] - 1}"
                           + (f"; independent (unseen) generator seeds 10000..{10_000 + a['unseen_volumes'] - 1}"
                              if a["unseen_volumes"] else "")) if generated else cfg.data,
-              "preprocessing": {"window": a["crop"], "overlap": 0.25, "blend": "gaussian"}},
+              "preprocessing": {"window": a["crop"], "overlap": 0.25, "blend": "gaussian"},
+              **({"extra": {"eval_tta": a["tta"]}} if a["tta"] != "none" else {})},  # the metrics were measured so
     )
 
 
@@ -170,6 +172,8 @@ def main(argv=None):
     g.add_argument("--val-volumes", type=int, default=8, help="held-out volumes of the training generator")
     g.add_argument("--unseen-volumes", type=int, default=8,
                    help="volumes of the independent evaluation generator (generated --data only; 0: none)")
+    g.add_argument("--tta", default="none", choices=TTA_MODES, help="test-time augmentation for evaluation: flip "
+                   "averages the class probabilities over the 8 flips of the three axes (8x the evaluation time)")
     setup_logging()
     return run(config_from_args(parser.parse_args(argv)), build_task)
 
