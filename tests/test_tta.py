@@ -99,6 +99,6 @@ def test_unet3d_train_script_scores_the_flip_averaged_segmentation(tmp_path, mon
         return predict(self, volume, **kw)
     monkeypatch.setattr(UNet3d, "predict_volume", spy)
     argv = ["--eval-only", "--pretrained", str(tmp_path / "m.safetensors"), "--data", "synthetic", "--volume", "16",
-            "--crop", "8", "--val-volumes", "1", "--unseen-volumes", "1", "--workers", "0"]
+            "--crop", "16", "--val-volumes", "1", "--unseen-volumes", "1", "--workers", "0"]
     train_script("unet3d_seg").main([*argv, "--tta", "flip"])
     assert calls == ["flip"] * 2, "both evaluation volumes (own and unseen generator) segmented with the 8 flips"
