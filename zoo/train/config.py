@@ -45,6 +45,11 @@ class TrainConfig:
                             "on older GPUs, else fp32; bf16/fp16 on hardware without native kernels run fp32 with "
                             "a warning, bf16! / fp16! force the slow path",
                      choices=["off", "auto", "bf16", "fp16", "bf16!", "fp16!"])
+    qat: str | None = _flag(None, "quantization-aware training: fine-tune through fake int8 quantization (PT2E, x86 "
+                                  "quantizer) for the int8 model that zoo.accel.quantize and `zoo export --int8` make "
+                                  "of the saved fp32 weights (static activation ranges with convolutions, else "
+                                  "dynamic); evaluations and the saved metrics are the fake-quantized model's, and "
+                                  "dropout and stochastic depth are off", choices=["int8"])
     compile: bool = _flag(False, "torch.compile the model")
     compile_mode: str | None = _flag(None, "torch.compile mode (implies --compile)",
                                      choices=["default", "reduce-overhead", "max-autotune"])
@@ -126,6 +131,8 @@ class TrainConfig:
         fsdp_flags = [name for name in ("fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload") if getattr(self, name)]
         if fsdp_flags and self.dist != "fsdp":
             raise ValueError(f"--{fsdp_flags[0].replace('_', '-')} applies to --dist fsdp only (now --dist {self.dist})")
+        if self.qat is not None:
+            self._check_qat()
         if self.compile_mode is not None:  # a mode without compiling would be silently ignored
             object.__setattr__(self, "compile", True)
         if not 0.0 < self.decay_fraction <= 1.0:
@@ -153,6 +160,24 @@ class TrainConfig:
                 raise ValueError(f"--early-stop is a number of evaluations >= 1, got {self.early_stop}")
         if self.ema is not None and not 0.0 < self.ema < 1.0:
             raise ValueError(f"--ema is a decay in (0, 1), e.g. 0.999; got {self.ema}")
+
+    def _check_qat(self) -> None:
+        """The combinations --qat cannot train: one line each, naming why."""
+        if self.dist == "fsdp":
+            raise ValueError("--qat trains a traced graph of the model, which FSDP cannot shard block by block: "
+                             "use --dist ddp (or none)")
+        if self.amp != "off":
+            raise ValueError(f"--qat trains in fp32 (the fake quantizers simulate int8 kernels fed with fp32 "
+                             f"activations): drop --amp {self.amp}")
+        if self.unfreeze is not None:
+            raise ValueError("--qat fixes in its traced graph which BatchNorm layers update their statistics, and "
+                             "--unfreeze changes that during the run: drop one of them")
+        if self.eval_only:
+            raise ValueError("--qat is a way to train; evaluate the int8 model of trained weights with "
+                             "zoo.accel.quantize (or bench/qat.py), or drop --qat for the fp32 evaluation")
+        if self.batch_size == 1:
+            raise ValueError("--qat traces the model on a training batch, and a batch of 1 would fix the graph to "
+                             "one example (torch.export specialises sizes of 1): use --batch-size 2 or more")
 
 
 def _flag_fields() -> list[dataclasses.Field]:

@@ -44,6 +44,7 @@ from zoo.train.config import TrainConfig
 from zoo.train.distributed import DistContext, fingerprint, init_distributed
 from zoo.train.groups import Unfreezing, depth_param_groups
 from zoo.train.ema import EMA
+from zoo.train.qat import FakeQuantized, first_call
 from zoo.train.metrics import MetricsLogger, format_metrics
 from zoo.train.schedules import lr_schedule
 
@@ -162,10 +163,28 @@ class Trainer:
         self.cfg, self.task, self.ctx = cfg, task, ctx
         self.device = ctx.device
         self.out = Path(cfg.out)
+        self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
+        self.workers = cfg.workers if cfg.workers is not None else default_workers(ctx.world_size)
+        self.train_loader = self._train_loader() if task.train_data is not None else None
+        self.steps_per_epoch = (len(self.train_loader) // cfg.grad_accum) if self.train_loader else 0
+        if self.train_loader is not None and self.steps_per_epoch == 0:
+            if self.sampler is None:  # a stream: its length is per process, in whole batches
+                raise ValueError(f"the training stream yields {len(task.train_data)} examples per process, no full "
+                                 f"step of batch {cfg.batch_size} x {cfg.grad_accum} accumulation: give a smaller "
+                                 "--batch-size or --grad-accum, or more training data")
+            fit = len(task.train_data) // (ctx.world_size * cfg.grad_accum)
+            raise ValueError(f"{len(task.train_data)} training examples make no full step of batch "
+                             f"{cfg.batch_size} x {ctx.world_size} processes x {cfg.grad_accum} accumulation: "
+                             + (f"give --batch-size {fit} or less" if fit else "give more training data"))
         self.plain = task.model.to(self.device)
+        self.qat = None  # --qat: the model's fake-quantized graph trains, over the model's own parameters and buffers
+        if cfg.qat:
+            with torch.random.fork_rng(devices=[]):  # tracing draws random numbers: the caller's stream stays
+                self.qat = FakeQuantized(self.plain, *self._first_call())
+        runs = self.qat if self.qat is not None else self.plain
         if cfg.compile:
-            zoo_compile(self.plain, mode=cfg.compile_mode or "default")  # in place: keys and methods unchanged
-        self.model = ctx.wrap(self.plain, **self._fsdp_options())
+            zoo_compile(runs, mode=cfg.compile_mode or "default")  # in place: keys and methods unchanged
+        self.model = ctx.wrap(runs, **self._fsdp_options())
         self.unfreezing = Unfreezing.parse(cfg.unfreeze) if cfg.unfreeze else None
         groups = self._param_groups()
         # fused AdamW: one kernel over all parameters instead of a loop per group (a third of a BERT
@@ -183,18 +202,6 @@ class Trainer:
                                           cfg.distill_alpha, cfg.distill_temperature, self.device)
                              if cfg.teacher else None)
         self.step_loss = self.distillation.loss if self.distillation else task.loss
-        self.workers = cfg.workers if cfg.workers is not None else default_workers(ctx.world_size)
-        self.train_loader = self._train_loader() if task.train_data is not None else None
-        self.steps_per_epoch = (len(self.train_loader) // cfg.grad_accum) if self.train_loader else 0
-        if self.train_loader is not None and self.steps_per_epoch == 0:
-            if self.sampler is None:  # a stream: its length is per process, in whole batches
-                raise ValueError(f"the training stream yields {len(task.train_data)} examples per process, no full "
-                                 f"step of batch {cfg.batch_size} x {cfg.grad_accum} accumulation: give a smaller "
-                                 "--batch-size or --grad-accum, or more training data")
-            fit = len(task.train_data) // (ctx.world_size * cfg.grad_accum)
-            raise ValueError(f"{len(task.train_data)} training examples make no full step of batch "
-                             f"{cfg.batch_size} x {ctx.world_size} processes x {cfg.grad_accum} accumulation: "
-                             + (f"give --batch-size {fit} or less" if fit else "give more training data"))
         self.total_steps = cfg.steps if cfg.steps is not None else (cfg.epochs or 0) * self.steps_per_epoch
         factor = lr_schedule(cfg.schedule, min(cfg.warmup, self.total_steps), self.total_steps, cfg.min_lr_ratio,
                              cfg.decay_fraction)
@@ -209,13 +216,19 @@ class Trainer:
         self._best_at_checkpoint: int | None = None  # the best step the newest checkpoint refers to
         self.stopped_early_at: int | None = None
         self.eval_pending = False  # this step's evaluation was abandoned for a stop signal: run it on resume
-        self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.skipped_steps = 0
         self.nonfinite_losses = 0  # micro-batches whose loss was inf/NaN (without fp16 scaling)
         self.train_time = 0.0  # seconds in fit(), summed over resumes (kept in the checkpoints)
         self._fit_started: float | None = None
         self.last_eval: dict[str, Any] = {}
         self._stop_signal: int | None = None
+
+    def _first_call(self) -> tuple[tuple, dict]:
+        """The model call of the task's loss on the first training batch: what --qat traces."""
+        if self.train_loader is None:
+            raise ValueError("--qat traces the model on a training batch: give training data (--data)")
+        self._start_epoch()
+        return first_call(self.task.loss, _to_device(next(iter(self.train_loader)), self.device))
 
     def _fsdp_options(self) -> dict[str, Any]:
         """--fsdp-param-dtype / --fsdp-reduce-dtype / --fsdp-offload as DistContext.wrap's options; a dtype
@@ -368,6 +381,10 @@ class Trainer:
 
     def load_checkpoint(self, path: Path) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
+        saved_qat = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)["config"].get("qat")
+        if saved_qat != self.cfg.qat:  # the fake quantizers' state is in the checkpoint, or not
+            saved = f"with --qat {saved_qat}" if saved_qat else "without --qat"
+            raise ValueError(f"{path} was saved by a run {saved}: resume it {saved}")
         state = self._app_state()
         trainer_state = load_checkpoint(path, state, self.ctx)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
@@ -450,7 +467,7 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         self.ctx.barrier()
         state = load_file(str(best_file(self.out, self.best.step)))
-        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(self._weights_owner, state, options=StateDictOptions(full_state_dict=True))
         if self.ema is not None:
             with torch.no_grad():
                 for s, p in zip(self.ema.shadow, self.ema.params):
@@ -694,11 +711,18 @@ class Trainer:
 
     # ------------------------------------------------------------------ final weights
 
+    @property
+    def _weights_owner(self) -> nn.Module:
+        """What the shipped weights are read from and written to: the wrapped model (gathered under FSDP), or with
+        --qat the plain model, whose parameters and buffers the fake-quantized graph trains."""
+        return self.plain if self.qat is not None else self.model
+
     def final_state_dict(self) -> dict[str, Tensor]:
         """Full (gathered) state dict on CPU, with EMA weights when EMA is on; collective under FSDP."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
-            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            state = get_model_state_dict(self._weights_owner,
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             # copy inside the swap: on CPU the "offloaded" tensors are the parameters themselves, which
             # hold the training weights again once the EMA is swapped back out
             return {k: v.detach().clone() for k, v in state.items()}
@@ -741,6 +765,8 @@ class Trainer:
             extra.update(best_step=self.best.step, best_metric=self.best.metric)
         if self.stopped_early_at is not None:
             extra["stopped_early_at"] = self.stopped_early_at
+        if self.qat is not None:  # fp32 weights trained for this int8 model (zoo.accel.quantize's method)
+            extra.update(qat=self.cfg.qat, qat_method=self.qat.method)
         if self.distillation is not None:
             source = self.distillation.teacher.pretrained_source or {}
             extra["teacher"] = {"spec": self.cfg.teacher, "sha256": source.get("sha256"),
