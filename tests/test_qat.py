@@ -36,8 +36,13 @@ def qat_trainer(out, task=None, **flags):
 
 
 def test_qat_effnet_trains_int8_static_and_resumes_exactly(tmp_path):
-    full = qat_trainer(tmp_path / "run")
+    task = image_task()
+    loaded = {k: v.clone() for k, v in task.model.state_dict().items()}
+    full = qat_trainer(tmp_path / "run", task)
     assert full.qat.method == "int8_static"
+    # setting up observes the first batch as training does, and leaves the BatchNorm statistics as loaded
+    for k, v in full.plain.state_dict().items():
+        torch.testing.assert_close(v, loaded[k], rtol=0, atol=0, msg=k)
     quantizers = [k for k in full.model.state_dict() if k.endswith(".scale")]
     assert len(quantizers) > 20  # weights and activations of every convolution are fake-quantized
     full.fit()
