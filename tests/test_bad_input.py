@@ -104,6 +104,10 @@ def DIFFUSION(argv: list[str]) -> int:
     return train("diffusion_unet", argv)
 
 
+def UNET3D(argv: list[str]) -> int:
+    return train("unet3d_seg", argv)
+
+
 @dataclass(frozen=True)
 class Case:
     item: int | str  # the number of the wrong result in issue 18, or the class of a poor one (traceback, raw,
@@ -164,6 +168,11 @@ CASES = [
     Case(10, "zoo predict transformer_lm --temperature nan",
          lambda d: ["predict", "transformer_lm", "the king", "--max-new-tokens", "3", "--temperature", "nan"],
          zoo_cli, 2, "--temperature"),
+    Case("traceback", "--qat with --dist fsdp", lambda d: lm(d, "--steps", "2", "--qat", "int8", "--dist", "fsdp"),
+         LM, 2, "FSDP cannot shard"),
+    Case("traceback", "--qat for unet3d_seg (its evaluation is a model method)",
+         lambda d: ["--data", "synthetic", "--steps", "2", "--qat", "int8", "--out", str(d / "run")], UNET3D, 2,
+         "sliding-window inference"),
     Case(10, "zoo predict transformer_lm --top-p inf",
          lambda d: ["predict", "transformer_lm", "the king", "--max-new-tokens", "3", "--top-p", "inf"],
          zoo_cli, 2, "finite"),

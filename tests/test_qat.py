@@ -123,7 +123,6 @@ def test_qat_bert_trains_dynamic_int8_resumes_in_a_new_trainer_and_exports(tmp_p
 
 
 @pytest.mark.parametrize("flags,message", [
-    (dict(dist="fsdp"), "--qat trains a traced graph of the model, which FSDP cannot shard"),
     (dict(amp="bf16"), "--qat trains in fp32"),
     (dict(unfreeze="head@0,all@2"), "drop one of them"),
     (dict(eval_only=True), "--qat is a way to train"),

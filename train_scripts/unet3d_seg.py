@@ -68,6 +68,10 @@ class Sources(torch.utils.data.Dataset):
 
 def build_task(cfg) -> Task:
     a = cfg.extra
+    if cfg.qat:  # found only at the first evaluation otherwise, after training steps
+        raise ValueError("--qat trains a traced graph of the model's forward, and unet3d_seg evaluates by "
+                         "sliding-window inference (the model's predict_volume), which that graph lacks: train "
+                         "without --qat")
     if cfg.data is None:
         raise ValueError("--data is required: 'synthetic', 'synthetic-random' or a folder of NAME.npy / "
                          "NAME_label.npy pairs")
