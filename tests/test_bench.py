@@ -168,7 +168,7 @@ def test_onnxruntime_row_runs_the_exported_model_with_torchs_threads(monkeypatch
     other = torch.randn(7, 64)  # another batch than the export's
     with torch.no_grad():
         want = model(other)
-    # 7-bit weights without VNNI: full-range ones saturated AVX2's pair sums here (16% off)
+    # u8 weights without VNNI (zoo.accel.deploy_int8): full-range s8 ones saturated AVX2's pair sums here (16% off)
     assert runtime(other).shape == (7, 8) and (runtime(other) - want).abs().max() < 0.05 * want.abs().max()
     rows = time_rows([build_row("zoo", "eager fp32", lambda: (lambda: model(*inputs)), batch=4),
                       build_row("onnxruntime", "int8", lambda: functools.partial(runtime, *inputs), batch=4)],

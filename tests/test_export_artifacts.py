@@ -1,4 +1,5 @@
-"""`zoo export` / zoo.accel.export: the command, its refusals, the AOTInductor package and the LM's decode graph.
+"""`zoo export` / zoo.accel.export: the command, its refusals, the AOTInductor package, the LM's decode graph and
+the int8 exports.
 
 The ONNX and .pt2 exports of every family (and their runs in a process that cannot import zoo) are part of
 the conformance battery, tests/test_families.py. AOTInductor compiles for tens of seconds even at the tiny
@@ -16,7 +17,8 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,8 @@ import torch
 from torch import nn
 
 import zoo
+from zoo.accel import deploy_int8
+from zoo.accel.hardware import capabilities
 from zoo.models.base import ZooModel
 from zoo.registry import register_model, unregister_model
 
@@ -89,7 +93,8 @@ def _sys_is_read_only() -> bool:
 
 BAD = {
     "unknown format": (lambda d: ["--format", "tflite", "-o", str(d / "out")], "unknown export format 'tflite'"),
-    "--int8": (lambda d: ["--format", "onnx", "--int8", "-o", str(d / "out")], "--int8 is not built yet"),
+    "--int8 pt2": (lambda d: ["--format", "pt2", "--int8", "-o", str(d / "out")], "--int8 exports onnx and aoti"),
+    "--int8 pte": (lambda d: ["--format", "pte", "--int8", "-o", str(d / "out")], "--int8 exports onnx and aoti"),
     "unwritable -o": (lambda d: ["--format", "pt2", "-o", "/sys/zoo-export-test"], "cannot write in /sys"),
     "-o under a file": (lambda d: ["--format", "pt2", "-o", str(d / "notes.txt" / "out")], "is a file"),
     "-o holds other files": (lambda d: ["--format", "pt2", "-o", str(d)], "not an export"),
@@ -207,6 +212,100 @@ def test_pte_runs_without_zoo(tmp_path):
     # ExecuTorch plans memory for the largest shape: the dynamic sizes are bounded at the traced ones
     assert result.manifest["graphs"]["model"]["dims"]["batch"]["max"] == BATCH
     run_without_zoo([(result.folder, model.export_graphs(1, **EXAMPLE["bert_cls"]), tmp_path / "run")])
+
+
+# ------------------------------------------------------------------ int8
+
+
+INT8 = {"bert_cls": "dynamic", "effnetv2_cls": "static"}  # a Linear-only family and a convolutional one
+INT8_OPS = {"dynamic": {"DynamicQuantizeLinear", "MatMulInteger"}, "static": {"QuantizeLinear", "DequantizeLinear"}}
+
+
+class Outputs(nn.Module):
+    """A callable giving a list of tensors (an int8 reference) as the module run_without_zoo compares with."""
+
+    def __init__(self, run):
+        super().__init__()
+        self.run = run
+
+    def forward(self, *inputs):
+        return self.run(*inputs)
+
+
+def assert_int8_verified(manifest: dict, method: str) -> None:
+    int8, verified = manifest["int8"], manifest["verified"]
+    assert int8["method"] == method and int8["cpu"] == capabilities(cuda=False).describe()
+    assert verified["reference"] == "int8 eager" and verified["tolerance"] == deploy_int8.TOLERANCE[method]
+    assert verified["max_rel_error"] <= verified["tolerance"]
+    # int8, not a copy of the fp32 model: it differs from fp32 eager, by less than the output's magnitude
+    assert 0 < verified["vs_fp32"]["max_rel_error"] < 0.5, verified["vs_fp32"]
+
+
+@pytest.fixture(scope="module")
+def int8_onnx(tmp_path_factory):
+    """name -> (tiny model, its int8 ONNX export), exported once for the tests below."""
+    pytest.importorskip("onnxruntime")
+    folder = tmp_path_factory.mktemp("int8")
+    return {name: (model := build(name), zoo.accel.export(model, "onnx", folder / name, example=EXAMPLE[name],
+                                                          int8=True, progress=False))
+            for name in INT8}
+
+
+@pytest.mark.parametrize("name", INT8)
+def test_int8_onnx_is_smaller_than_fp32_and_verified_against_the_int8_graph(name, int8_onnx):
+    import onnx
+    _, result = int8_onnx[name]
+    manifest, method = result.manifest, INT8[name]
+    assert_int8_verified(manifest, method)
+    assert manifest["int8"]["weights"].startswith("int8" if capabilities(cuda=False).vnni else "uint8")
+    assert manifest["verified"]["fp32_onnx"]["max_rel_error"] <= 1e-3  # the file it was quantized from
+    assert manifest["size_bytes"] == result.size_bytes < manifest["fp32_size_bytes"] / 3
+    assert sorted(p.name for p in result.folder.iterdir()) == ["model.onnx", "zoo_export.json"]  # no fp32 file
+    ops = Counter(node.op_type for node in onnx.load(str(result.files[0])).graph.node)
+    assert INT8_OPS[method] <= set(ops), ops
+
+
+def test_int8_onnx_files_run_without_zoo_as_the_int8_graph(int8_onnx, tmp_path):
+    """At another batch, in one process where zoo cannot be imported: as each int8 graph run op by op here."""
+    jobs = []
+    for name, (model, result) in int8_onnx.items():
+        graphs = model.export_graphs(OTHER_BATCH, **EXAMPLE[name])
+        reference = deploy_int8.onnx_reference(result.files[0], list(graphs["model"].names))
+        jobs.append((result.folder, {"model": replace(graphs["model"], module=Outputs(reference))}, tmp_path / name))
+    errors = run_without_zoo(jobs, tolerance=min(deploy_int8.TOLERANCE.values()))
+    assert len(errors) == len(INT8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", INT8)
+def test_int8_aoti_package_runs_without_zoo_as_verified(name, tmp_path):
+    """PT2E int8 compiled by AOTInductor (minutes even at the tiny configs): verified against the PT2E module in
+    eager; the package gives the same outputs in a process that cannot import zoo as in this one."""
+    from zoo.accel import artifacts
+    model, method = build(name), INT8[name]
+    result = zoo.accel.export(model, "aoti", tmp_path / name, example=EXAMPLE[name], int8=True, progress=False)
+    assert_int8_verified(result.manifest, method)
+    state_dict_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert result.size_bytes < state_dict_bytes, "the int8 package is not smaller than the fp32 weights alone"
+    graphs = model.export_graphs(OTHER_BATCH, **EXAMPLE[name])
+    here = artifacts.load(result.folder)["model"]
+    graphs = {"model": replace(graphs["model"], module=Outputs(
+        lambda *t: [torch.from_numpy(a) for a in here(*(x.numpy() for x in t))]))}
+    run_without_zoo([(result.folder, graphs, tmp_path / "run")], tolerance=1e-6)
+
+
+def test_int8_calibration_batches_have_the_traced_shape(tmp_path):
+    model = build("effnetv2_cls")
+    graphs = model.export_graphs(BATCH, **EXAMPLE["effnetv2_cls"])
+    batches = deploy_int8.calibration_batches(model, graphs, BATCH, EXAMPLE["effnetv2_cls"], None)["model"]
+    assert len(batches) == deploy_int8.CALIBRATION_BATCHES
+    assert all(b[0].shape == graphs["model"].inputs[0].shape for b in batches)
+    assert not torch.equal(batches[0][0], batches[1][0])
+    mine = [(torch.zeros(2, 3, 16, 16),)]
+    assert deploy_int8.calibration_batches(model, graphs, BATCH, {}, mine)["model"] == mine
+    with pytest.raises(ValueError, match="calibration= is for convolutional models"):
+        zoo.accel.export(build("bert_cls"), "onnx", tmp_path / "out", int8=True, calibration=mine, progress=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 # ------------------------------------------------------------------ the full check, on the shipped weights

@@ -40,7 +40,8 @@ from zoo.accel.variants import Variant, time_call, variants_for
 from zoo.models.base import ZooModel
 
 __all__ = ["time_call", "example_loss", "PEAK_DTYPES", "matmul_peak_gflops", "matmul_peaks", "count_flops", "emulated",
-           "build_row", "build_rows", "time_rows", "OnnxRuntimeModel", "onnxruntime_row", "onnxruntime_settings",
+           "build_row", "build_rows", "time_rows", "OnnxRuntimeModel", "onnxruntime_row", "onnxruntime_session",
+           "onnxruntime_settings",
            "BenchRun", "add_run_arguments", "cpu_tag", "device_tag", "results_heading", "train_step",
            "peak_rss_growth_mb", "peer_model", "format_table", "main"]
 
@@ -214,6 +215,13 @@ def _session_options(ort):
     return options
 
 
+def onnxruntime_session(model: str | os.PathLike | bytes):
+    """An onnxruntime InferenceSession of an ONNX file (or its bytes) on the CPU with `onnxruntime_settings()`."""
+    ort = _onnxruntime()
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), sess_options=_session_options(ort),
+                                providers=["CPUExecutionProvider"])
+
+
 def onnxruntime_settings() -> str:
     """The header line naming the onnxruntime version and the settings its rows ran with."""
     try:
@@ -224,34 +232,33 @@ def onnxruntime_settings() -> str:
             f"(torch's), 1 inter-op, sequential, all graph optimisations, no spin-waiting")
 
 
-def _reduce_range() -> bool:
-    # without VNNI onnxruntime's u8 x s8 kernel (AVX2 vpmaddubsw) saturates its int16 pair sums: a 64-256-8 MLP
-    # came out 16% off with full-range int8 weights, 2% with 7-bit ones (onnxruntime's advice)
-    return not hardware.capabilities(cuda=False).vnni
+def _dynamic_int8():
+    """onnxruntime's dynamic int8 as `zoo export --int8` makes it on this CPU (zoo.accel.deploy_int8)."""
+    from zoo.accel.deploy_int8 import Int8Plan
+    return Int8Plan("onnx", static=False, vnni=hardware.capabilities(cuda=False).vnni, calibration=None)
 
 
 class OnnxRuntimeModel:
     """`model` exported through zoo.accel.export_onnx (fp32, checked against PyTorch on `inputs`; a dynamic
     batch, and `dynamic_dims` as export_onnx takes them) and run in an onnxruntime InferenceSession on the CPU
-    with `onnxruntime_settings()`; `int8` runs onnxruntime's own dynamic int8 of that file (quantize_dynamic,
-    int8 weights; 7-bit on a CPU without VNNI, `reduce_range`). Called like the model on tensors; returns the
+    with `onnxruntime_settings()`; `int8` runs onnxruntime's own dynamic int8 of that file (quantize_dynamic as
+    `zoo export --int8` runs it: u8 weights per channel on a CPU without VNNI, where u8 x s8 saturates; s8 with
+    VNNI). Called like the model on tensors; returns the
     first output as a tensor."""
 
     def __init__(self, model: nn.Module, inputs: tuple, *, int8: bool = False,
                  dynamic_dims: dict[int, tuple[int, ...]] | None = None):
-        ort = _onnxruntime()
+        _onnxruntime()  # before the export: without onnxruntime, one line at once
         from zoo.accel.export import export_onnx
         with tempfile.TemporaryDirectory(prefix="zoo-bench-") as folder:
             path = export_onnx(model, inputs, Path(folder) / "model.onnx", dynamic_dims=dynamic_dims)
             if int8:
-                from onnxruntime.quantization import QuantType, quantize_dynamic
-                quantize_dynamic(path, Path(folder) / "int8.onnx", weight_type=QuantType.QInt8,
-                                 reduce_range=_reduce_range())
+                from zoo.accel.deploy_int8 import quantize_onnx
+                quantize_onnx(path, Path(folder) / "int8.onnx", _dynamic_int8(), (), [])
                 path = Path(folder) / "int8.onnx"
             data = path.read_bytes()
         self.size_bytes = len(data)
-        self.session = ort.InferenceSession(data, sess_options=_session_options(ort),
-                                            providers=["CPUExecutionProvider"])
+        self.session = onnxruntime_session(data)
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
@@ -264,7 +271,8 @@ def onnxruntime_row(model: nn.Module, inputs: tuple, *, int8: bool = False,
                     columns: Callable[[OnnxRuntimeModel], dict] | None = None) -> dict:
     """A peer row: `model` run in onnxruntime (`OnnxRuntimeModel`) on `inputs`; `columns(runtime)` returns
     table columns for the row (an accuracy, a size), as `format_table` prints them."""
-    mode = f"dynamic int8{' 7-bit' if _reduce_range() else ''} (quantize_dynamic)" if int8 else "fp32 (export_onnx)"
+    mode = (f"dynamic int8, {_dynamic_int8().describe()['weights']} weights (quantize_dynamic)" if int8 else
+            "fp32 (export_onnx)")
     extra = {}
 
     def build():

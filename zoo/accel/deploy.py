@@ -10,6 +10,11 @@ every other dynamic size one step longer, or shorter at its maximum) and compare
 export fails unless the largest error is within `tolerance` of the output's magnitude. All of it is written
 in a temporary folder beside `out` and renamed at the end, so a failed export leaves nothing behind.
 
+`int8=True` (onnx and aoti; zoo.accel.deploy_int8 says how and why) writes an int8 file instead, verified against
+the int8 model it was made from (the PT2E module in torch for aoti; the quantized ONNX graph run op by op for
+onnx, whose fp32 file is first verified against eager as above) within deploy_int8.TOLERANCE; its error against
+the fp32 eager model is recorded beside (`verified.vs_fp32`), as is the quantization (`int8`).
+
 Formats: "onnx" (the dynamo exporter, run in onnxruntime), "aoti" (AOTInductor: a compiled .pt2 package that
 `torch._inductor.aoti_load_package` loads, and C++ through AOTIModelPackageLoader), "pt2" (`torch.export.save`
 of the ExportedProgram) and "pte" (ExecuTorch with the XNNPACK delegate, for mobile and edge; the [mobile]
@@ -28,18 +33,20 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
 
-from zoo.accel import artifacts
+from zoo.accel import artifacts, deploy_int8
 from zoo.accel.export import export_program, write_onnx
 from zoo.models.base import Dynamic, ExportGraph, ZooModel, unwrap
 
 log = logging.getLogger(__name__)
 
-__all__ = ["export", "Exported", "FORMATS"]
+__all__ = ["export", "Exported", "FORMATS", "TOLERANCE"]
+
+TOLERANCE = 1e-3  # an fp32 artifact's largest error against eager, relative to the output's magnitude
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,9 +66,13 @@ def _write_pt2(program, path: Path, graph: ExportGraph) -> None:
     torch.export.save(program, path)
 
 
-def _write_aoti(program, path: Path, graph: ExportGraph) -> None:
+def _write_aoti(program, path: Path, graph: ExportGraph, *, freezing: bool = False) -> None:
     import torch._inductor
-    torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+    # freezing: the weights become constants, which Inductor's int8 fusions (oneDNN kernels) need; Inductor
+    # freezes only a graph compiled without autograd
+    with torch.no_grad() if freezing else contextlib.nullcontext():
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path),
+                                                 inductor_configs={"freezing": True} if freezing else None)
 
 
 def _write_pte(program, path: Path, graph: ExportGraph) -> None:
@@ -84,8 +95,13 @@ class Exported:
     """What `export` wrote: the folder, the manifest (as written), and the verification's worst errors."""
     folder: Path
     manifest: dict
-    max_abs_error: float
+    max_abs_error: float  # against the eager model (the int8 one for an int8 export)
     max_rel_error: float
+
+    @property
+    def max_rel_error_vs_fp32(self) -> float:
+        """An int8 export's largest error against the fp32 eager model (the fp32 one's own error otherwise)."""
+        return self.manifest["verified"].get("vs_fp32", self.manifest["verified"])["max_rel_error"]
 
     @property
     def files(self) -> list[Path]:
@@ -98,22 +114,24 @@ class Exported:
 
 def export(model: nn.Module, format: str = "onnx", out: str | os.PathLike = "export", *, batch: int = 2,
            dynamic: list[str] | tuple[str, ...] | None = None, example: dict | None = None, int8: bool = False,
-           tolerance: float = 1e-3, progress: bool = True) -> Exported:
+           calibration: Iterable | None = None, tolerance: float | None = None, progress: bool = True) -> Exported:
     """Export `model` (any zoo model) to `out` in `format`, verified against eager; see the module docstring.
 
     batch: the rows traced (a dynamic batch is traced at 2 or more: torch.export specialises a size of 1).
     dynamic: the names of the dimensions that stay dynamic ("batch", "seq", ...; the family's export_graphs
         lists them); None: all of them; () or ["none"]: every shape fixed at the traced one.
     example: example_inputs' other keyword arguments (e.g. {"size": 64}).
-    int8: not built yet (issue 20 item 3: onnxruntime's quantizer, PT2E for aoti).
-    tolerance: the largest error allowed, relative to the largest output magnitude of each output.
+    int8: an int8 file (onnx, aoti): dynamic int8 for Linear-only models, static for convolutional ones.
+    calibration: static int8's calibration batches, input tuples of the first graph (default: the model's
+        example inputs, seeded noise; see zoo.accel.deploy_int8).
+    tolerance: the largest error allowed, relative to the largest output magnitude of each output (default
+        1e-3; int8: deploy_int8.TOLERANCE, by method, against the int8 model).
     """
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; choose {', '.join(FORMATS)} (TorchScript is "
                          "deprecated upstream: aoti replaces it)")
     if int8:
-        raise NotImplementedError("int8 export is not built yet (issue 20 item 3); export in fp32 without --int8 "
-                                  "for now")
+        deploy_int8.check_format(format)
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     fmt = FORMATS[format]
@@ -122,6 +140,9 @@ def export(model: nn.Module, format: str = "onnx", out: str | os.PathLike = "exp
     if not isinstance(model, ZooModel):
         raise TypeError(f"zoo.accel.export takes a zoo model (its export_graphs say what to trace), not a "
                         f"{type(model).__name__}; export another module with zoo.accel.export_onnx / export_program")
+    plan = deploy_int8.plan(model, format, calibration) if int8 else None
+    if tolerance is None:
+        tolerance = plan.tolerance if plan else TOLERANCE
     was_training = model.training
     out = Path(out)
     staging, made = _staging_folder(out)
@@ -133,17 +154,48 @@ def export(model: nn.Module, format: str = "onnx", out: str | os.PathLike = "exp
             if "batch" in keep and batch < 2:
                 graphs = model.export_graphs(2, **(example or {}))
             graphs = {name: _bounded(g, keep) if fmt.bounded else g for name, g in graphs.items()}
-            bar.total = 2 * len(graphs) + 1
+            bar.total = (3 if plan else 2) * len(graphs) + 1 + (plan is not None and format == "onnx")
             manifest = _manifest(model, format, graphs, keep)
+            batches = (deploy_int8.calibration_batches(model, graphs, batch, example or {}, calibration)
+                       if plan and plan.static else {})
+            references, fp32_files = {}, {}  # int8: the int8 eager model of each graph; onnx: the fp32 files
             for name, graph in graphs.items():
+                traced, file = graph, staging / manifest["graphs"][name]["file"]
+                if plan and format == "aoti":
+                    with bar.step(f"quantizing {name!r} to int8 (PT2E)"):
+                        traced = deploy_int8.quantize_graph(graph, plan, keep, batches.get(name, []))
+                    references[name] = traced.module
                 with bar.step(f"tracing {name!r} with torch.export"):
-                    program = _trace(graph, keep)
+                    program = _trace(traced, keep)
                 with bar.step(fmt.step):
-                    fmt.write(program, staging / manifest["graphs"][name]["file"], graph)
+                    if plan and format == "onnx":
+                        fp32_files[name] = file.with_name(f"{name}.fp32{fmt.suffix}")
+                        fmt.write(program, fp32_files[name], graph)
+                    elif plan:
+                        _write_aoti(program, file, graph, freezing=plan.freeze)
+                    else:
+                        fmt.write(program, file, graph)
+                if fp32_files:
+                    with bar.step(f"quantizing {name!r} to int8 (onnxruntime)"):
+                        deploy_int8.quantize_onnx(fp32_files[name], file, plan, graph.names, batches.get(name, []))
+                    references[name] = deploy_int8.onnx_reference(file, list(graph.names))
                 manifest["graphs"][name]["outputs"] = _outputs(program, graph, keep)
+            if plan:
+                manifest["int8"] = plan.describe()
             _write_json(staging / artifacts.MANIFEST, manifest)
+            if fp32_files:  # the fp32 file against eager first: the int8 reference is made from it
+                with bar.step("verifying the fp32 ONNX against eager at another shape"):
+                    runners = {name: artifacts.OPENERS["onnx"](path, list(graphs[name].names))
+                               for name, path in fp32_files.items()}
+                    fp32_verified = _verify(model, graphs, keep, runners, example, TOLERANCE)
+                manifest["fp32_size_bytes"] = sum(path.stat().st_size for path in fp32_files.values())
+                for path in fp32_files.values():
+                    path.unlink()
             with bar.step("verifying against eager at another shape"):
-                verified = _verify(model, graphs, keep, staging, example, tolerance)
+                verified = _verify(model, graphs, keep, artifacts.load(staging), example, tolerance,
+                                   references or None)
+            if fp32_files:
+                verified["fp32_onnx"] = fp32_verified
             manifest["verified"] = verified
             manifest["size_bytes"] = sum((staging / g["file"]).stat().st_size for g in manifest["graphs"].values())
             _write_json(staging / artifacts.MANIFEST, manifest)
@@ -292,43 +344,62 @@ def _write_json(path: Path, data: dict) -> None:
 # ------------------------------------------------------------------ verification
 
 
-def _verify(model, graphs: dict[str, ExportGraph], keep: set[str], folder: Path, example, tolerance: float) -> dict:
-    """Run every written graph at other sizes of its dynamic dimensions than traced and compare with eager."""
+def _verify(model, graphs: dict[str, ExportGraph], keep: set[str], runners: dict[str, artifacts.Runner], example,
+            tolerance: float, references: dict[str, Callable] | None = None) -> dict:
+    """Run every written graph (`runners`) at other sizes of its dynamic dimensions than traced and compare with
+    eager: the graph's module, or with `references` (an int8 export: the int8 eager model of each graph), then
+    the fp32 module's error is recorded beside, unchecked (`vs_fp32`)."""
     traced = {name: _sizes(g) for name, g in graphs.items()}
     dims = {dyn.name: dyn for g in graphs.values() for d in g.dims for dyn in d.values() if dyn.name in keep}
     sizes = {name: {n: _other_size(s, dims[n]) for n, s in traced_sizes.items() if n in keep}
              for name, traced_sizes in traced.items()}
     batch = next((s["batch"] for s in sizes.values() if "batch" in s), None)
     fresh = model.export_graphs(batch, **(example or {})) if batch is not None else graphs
-    runners = artifacts.load(folder)
-    report, worst_abs, worst_rel = {}, 0.0, 0.0
+    report, worst, worst_fp32 = {}, [0.0, 0.0], [0.0, 0.0]
     for name, graph in graphs.items():
         inputs = tuple(_resize(t, dims_of, sizes[name]) for t, dims_of in zip(fresh[name].inputs, graph.dims))
-        with torch.no_grad():
-            want = graph.module(*inputs)
-        want = [want] if isinstance(want, Tensor) else list(want)
+        fp32 = _outputs_of(graph.module, inputs)
+        want = fp32 if references is None else _outputs_of(references[name], inputs)
         try:
-            got = runners[name](*(t.numpy() for t in inputs))
+            got = [torch.from_numpy(g) for g in runners[name](*(t.numpy() for t in inputs))]
         except Exception as e:  # the runtime refused the graph (an operator it has no kernel for, ...)
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise RuntimeError(f"the exported {name!r} does not run at inputs {_shapes(inputs)}: {reason} (the "
                                "runtime's own log above says more)") from None
         errors = {}
-        for out_name, g, w in zip(graph.outputs, got, want):
-            g = torch.from_numpy(g)
+        for out_name, g, w, f in zip(graph.outputs, got, want, fp32):
             if g.shape != w.shape:
                 raise RuntimeError(f"the exported {name!r} gives {out_name} of shape {tuple(g.shape)} for inputs "
                                    f"{_shapes(inputs)}; eager gives {tuple(w.shape)}")
-            abs_error = float((g.float() - w.float()).abs().max()) if w.numel() else 0.0
-            rel_error = abs_error / max(float(w.float().abs().max()) if w.numel() else 0.0, 1e-12)
-            errors[out_name] = {"max_abs_error": abs_error, "max_rel_error": rel_error}
-            worst_abs, worst_rel = max(worst_abs, abs_error), max(worst_rel, rel_error)
-            if not rel_error <= tolerance:
-                raise RuntimeError(f"the exported {name!r} differs from eager in {out_name} by {abs_error:.3g} "
-                                   f"({rel_error:.3g} of its largest magnitude, above the tolerance {tolerance:g}) "
-                                   f"at inputs {_shapes(inputs)}")
+            errors[out_name] = _errors(g, w, worst)
+            if references is not None:
+                errors[out_name]["vs_fp32"] = _errors(g, f, worst_fp32)
+            if not errors[out_name]["max_rel_error"] <= tolerance:
+                against = "the int8 eager model" if references is not None else "eager"
+                raise RuntimeError(f"the exported {name!r} differs from {against} in {out_name} by "
+                                   f"{errors[out_name]['max_abs_error']:.3g} ({errors[out_name]['max_rel_error']:.3g} "
+                                   f"of its largest magnitude, above the tolerance {tolerance:g}) at inputs "
+                                   f"{_shapes(inputs)}")
         report[name] = {"inputs": dict(zip(graph.names, _shapes(inputs))), "outputs": errors}
-    return {"graphs": report, "max_abs_error": worst_abs, "max_rel_error": worst_rel, "tolerance": tolerance}
+    verified = {"graphs": report, "max_abs_error": worst[0], "max_rel_error": worst[1], "tolerance": tolerance}
+    if references is not None:
+        verified["reference"] = "int8 eager"
+        verified["vs_fp32"] = {"max_abs_error": worst_fp32[0], "max_rel_error": worst_fp32[1]}
+    return verified
+
+
+def _outputs_of(module: Callable, inputs: tuple[Tensor, ...]) -> list[Tensor]:
+    with torch.no_grad():
+        out = module(*inputs)
+    return [out] if isinstance(out, Tensor) else list(out)
+
+
+def _errors(got: Tensor, want: Tensor, worst: list[float]) -> dict[str, float]:
+    """The largest absolute error and its share of the largest magnitude of `want`; `worst` keeps the maxima."""
+    abs_error = float((got.float() - want.float()).abs().max()) if want.numel() else 0.0
+    rel_error = abs_error / max(float(want.float().abs().max()) if want.numel() else 0.0, 1e-12)
+    worst[:] = max(worst[0], abs_error), max(worst[1], rel_error)
+    return {"max_abs_error": abs_error, "max_rel_error": rel_error}
 
 
 def _sizes(graph: ExportGraph) -> dict[str, int]:

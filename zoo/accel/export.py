@@ -40,7 +40,8 @@ def export_program(model: nn.Module, example_inputs: tuple, *, dynamic_batch: bo
     """torch.export of the (uncompiled) model in eval mode; `dynamic_dims` e.g. {0: (1,)} makes dim 1 of
     input 0 (a sequence length) dynamic besides the batch, with ranges torch.export infers. `dynamic_shapes`,
     torch.export's own per-input spec (named `Dim`s with ranges), replaces both."""
-    model = unwrap(model).eval()
+    model = unwrap(model)
+    model.eval()  # not `model = ....eval()`: a PT2E module's eval (allow_exported_model_train_eval) returns None
     example_inputs = tuple(example_inputs)
     if dynamic_shapes is not None:
         return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
