@@ -21,14 +21,11 @@ changes between training and evaluation (two graphs over the same parameters, bu
 from __future__ import annotations
 
 import inspect
-import logging
 from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map
-
-log = logging.getLogger(__name__)
 
 __all__ = ["FakeQuantized", "quantized_method", "first_call"]
 
