@@ -301,6 +301,16 @@ def test_int8_aoti_package_runs_without_zoo_as_verified(name, tmp_path):
     run_without_zoo([(result.folder, graphs, tmp_path / "run")], tolerance=1e-6)
 
 
+def test_int8_aoti_where_pt2e_quantizes_nothing_is_one_line():
+    """PT2E's x86 quantizer has no 3-D convolutions (unet3d_seg): an "int8" package would be fp32."""
+    from zoo.models.base import BATCH as BATCH_DIM, ExportGraph
+    volume = torch.randn(2, 1, 4, 4, 4)
+    graph = ExportGraph(nn.Sequential(nn.Conv3d(1, 2, 3)).eval(), (volume,), ("volume",), ({0: BATCH_DIM},))
+    plan = deploy_int8.Int8Plan("aoti", static=True, vnni=False, calibration="a test batch")
+    with pytest.raises(RuntimeError, match=r"left every layer of Sequential in float .*not Conv3d.*--format onnx"):
+        deploy_int8.quantize_graph(graph, plan, {"batch"}, [(volume,)])
+
+
 def test_int8_calibration_batches_have_the_traced_shape(tmp_path):
     model = build("effnetv2_cls")
     graphs = model.export_graphs(BATCH, **EXAMPLE["effnetv2_cls"])

@@ -41,12 +41,14 @@ FORMATS = ("onnx", "aoti")
 CALIBRATION_BATCHES = 4
 # The largest error of an int8 artifact against the int8 model it was made from, relative to the output's
 # magnitude, by method. Static: measured 0 for effnetv2_cls's QDQ file, fused kernels against the same graph op
-# by op, and 6% where onnxruntime's u8 x s8 kernels saturate (s8 weights without VNNI): that is what it catches.
+# by op, 0 for its aoti package and 3.0% for diffusion_unet's (Inductor's fused float kernels round differently
+# before a quantize step), against 6-7% where u8 x s8 kernels saturate (onnxruntime's with s8 weights, oneDNN's
+# frozen, without VNNI): that is what it catches.
 # Dynamic: activation scales are taken per call from each tensor's range, so float rounding differences between
 # a fused kernel and the graph op by op move whole quantization steps; measured on the shipped bert_cls at its
 # verification input (3 x 129 random tokens): 7.7% fused against op by op, 9.1% against onnx.reference's exact
 # integer arithmetic (and 12% against fp32). The check there catches a broken graph, not a rounding step.
-TOLERANCE = {"static": 2e-2, "dynamic": 0.15}
+TOLERANCE = {"static": 5e-2, "dynamic": 0.15}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +160,11 @@ def quantize_graph(graph: ExportGraph, plan: Int8Plan, keep: set[str], batches: 
         from torchao.quantization.pt2e import allow_exported_model_train_eval
     except ImportError:
         from torch.ao.quantization import allow_exported_model_train_eval
+    if not any("quantized_decomposed" in str(node.target) for node in module.graph.nodes):
+        kinds = sorted({type(m).__name__ for m in graph.module.modules() if isinstance(m, (nn.Conv1d, nn.Conv3d))})
+        raise RuntimeError(f"PT2E's x86 quantizer left every layer of {type(graph.module).__name__} in float (it "
+                           f"quantizes Linear and Conv2d{', not ' + ', '.join(kinds) if kinds else ''}): an aoti "
+                           "--int8 file would be fp32; export int8 with --format onnx, or aoti without --int8")
     allow_exported_model_train_eval(module)  # the export puts it in eval mode, which PT2E modules refuse by default
     return dataclasses.replace(graph, module=module)
 
