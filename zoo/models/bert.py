@@ -471,7 +471,8 @@ class BertClassifier(ZooModel):
         """input_ids and attention_mask (B, T), batch and sequence dynamic (T up to the position table); the
         example pads the second row's last quarter, so the mask takes part in the trace and the check."""
         meta = self.pretrained_meta
-        length = length or (meta.preprocessing.get("max_length") if meta else None) or 128
+        # by default the shipped preprocessing's length, else 128 tokens, within the position table
+        length = length or min((meta.preprocessing.get("max_length") if meta else None) or 128, self.config.max_length)
         ids, mask = self.example_inputs(batch, length)
         mask[1::2, length - length // 4:] = 0
         ids = ids.masked_fill(mask == 0, self.config.pad_token_id)
