@@ -35,6 +35,11 @@ needs_native_bf16 = pytest.mark.skipif(not NATIVE_BF16, reason=NO_NATIVE_BF16)
 NATIVE_FP16 = torch.cpu._is_amx_fp16_supported()
 
 
+def long_test(spends: str):
+    """Skip unless ZOO_LONG_TESTS=1 is set: a test beyond the suite's 15-minute budget (`spends`: on what)."""
+    return pytest.mark.skipif(not os.environ.get("ZOO_LONG_TESTS"), reason=f"{spends}: set ZOO_LONG_TESTS=1")
+
+
 def fast_amp(recorded: str = "bf16") -> str:
     """The `--amp` value to run a CPU test in: `recorded` where this CPU runs it natively, else "off" (fp32)."""
     native = {"bf16": NATIVE_BF16, "fp16": NATIVE_FP16}.get(recorded, True)

@@ -8,6 +8,9 @@ from torch import nn
 
 import zoo
 import zoo.accel as accel
+from zoo.accel.quantize import Int8Model, default_path
+
+from .test_hardware import AMX, AVX2, AVX512, Capabilities, play
 
 torch.manual_seed(0)
 
@@ -160,6 +163,8 @@ def test_int8_dynamic_pt2e_traces_for_x86_kernels_with_dynamic_batch():
     model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256)).eval()
     q = accel.quantize(model, "int8_dynamic", backend="pt2e", example_inputs=(torch.randn(8, 256),))
     assert q.quantization == "int8_dynamic" and accel.model_size_bytes(model) / accel.model_size_bytes(q) >= 3.5
+    # the explicit form as before, on any CPU: the graph module, uncompiled (exportable)
+    assert isinstance(q, torch.fx.GraphModule) and not accel.is_compiled(q)
     x = torch.randn(3, 256)  # another batch size than the example's
     with torch.no_grad():
         assert _rel_err(q(x), model(x)) < 0.05
@@ -180,6 +185,42 @@ def test_int8_dynamic_pt2e_stores_embeddings_in_int8():
     assert accel.model_size_bytes(model) / accel.model_size_bytes(q) >= 3.5
     with torch.no_grad():
         assert _rel_err(q(ids), model(ids)) < 0.05
+
+
+# ------------------------------------------------------------------ int8_dynamic's default, by CPU class
+
+AVX_VNNI = Capabilities("AVX2", cpu_bf16=False, cpu_fp16=False, vnni=True)  # AVX2 with AVX-VNNI: Alder Lake, Zen 5
+AVX512_NO_VNNI = Capabilities("AVX-512", cpu_bf16=False, cpu_fp16=False, vnni=False)  # Skylake-SP
+NEON = Capabilities("NEON", cpu_bf16=False, cpu_fp16=False, vnni=False)
+
+
+def tiny_bert():
+    return zoo.load("bert_cls", variant="minilm-l6", layers=1, hidden=32, heads=2, intermediate=64, vocab_size=2000,
+                    max_positions=24).eval()
+
+
+@pytest.mark.parametrize("caps, path", [(AVX2, "pt2e"), (AVX512_NO_VNNI, "pt2e"), (AVX_VNNI, "pt2e"),
+                                        (AVX512, "pt2e"), (AMX, "pt2e"), (NEON, "torchao")],
+                         ids=["avx2-no-vnni", "avx512-no-vnni", "avx-vnni", "avx512-vnni", "amx", "neon"])
+def test_default_int8_dynamic_path_follows_the_cpu(monkeypatch, caps, path):
+    play(monkeypatch, caps)
+    mlp = nn.Sequential(nn.Linear(8, 8))
+    assert default_path(tiny_bert())[0] == path  # traced on its own export graph (example_inputs)
+    assert default_path(mlp, (torch.randn(2, 8),))[0] == path
+    assert default_path(mlp)[0] == "torchao", "nothing to trace: torchao on the module, as before"
+    assert default_path(tiny_lm())[0] == "torchao", "its export graph is a prefill, not its forward (generate stays)"
+
+
+def test_default_int8_dynamic_returns_what_it_chose(monkeypatch):
+    model = nn.Sequential(nn.Embedding(4000, 64), nn.Linear(64, 64)).eval()
+    ids = torch.randint(0, 4000, (2, 12))
+    play(monkeypatch, AVX2)
+    q = accel.quantize(model, "int8_dynamic", example_inputs=(ids,))
+    assert isinstance(q, Int8Model) and accel.is_compiled(q.graph), "PT2E compiled with frozen weights"
+    assert [t.dtype for t in q.state_dict().values() if t.shape == (4000, 64)] == [torch.int8], "int8 embeddings"
+    play(monkeypatch, NEON)
+    q = accel.quantize(model, "int8_dynamic", example_inputs=(ids,))
+    assert type(q) is nn.Sequential and q.quantization == "int8_dynamic" and type(q[1].weight) is not nn.Parameter
 
 
 def test_int8_static_on_conv_model():

@@ -11,7 +11,7 @@ import zoo
 from zoo.models.bert import minilm_folder, to_hf_state_dict
 from zoo.train.groups import depth_param_groups
 
-from .conftest import fast_amp
+from .conftest import fast_amp, long_test
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,12 +173,67 @@ def test_onnx_export_and_compile_with_padding_trace_without_breaks(tmp_path):
     assert zoo.accel.check_onnx(path, model, (ids2, mask2)) < 1e-4
 
 
-def test_int8_dynamic_with_int8_embeddings_stays_close_and_shrinks():
+def tiny_int8_default(**knobs):
+    """A tiny bert_cls and quantize(model, "int8_dynamic", **knobs), where that default is PT2E (x86)."""
+    from zoo.accel.quantize import default_path
+    torch.manual_seed(0)
+    model = zoo.load("bert_cls", variant="minilm-l6", layers=1, hidden=32, heads=2, intermediate=64,
+                     vocab_size=3000, max_positions=24).eval()
+    if default_path(model)[0] != "pt2e":
+        pytest.skip("not an x86 CPU: the default there is torchao's (tests/test_accel.py)")
+    return model, zoo.accel.quantize(model, "int8_dynamic", **knobs)
+
+
+ANY_BATCH_AND_LENGTH = [(9, 5, 1), (17, 3, 12, 6, 2)]  # other batch sizes and lengths than the traced example's
+
+
+def test_int8_dynamic_default_graph_is_close_to_fp32_at_any_length():
+    # the graph the default compiles (traced on bert_cls's own export example; int8 embeddings; 7-bit
+    # activations without VNNI), run op by op; tests/test_accel.py pins which CPU gets which path
+    model, graph = tiny_int8_default(compile=False)
+    with torch.no_grad():
+        for lengths in ANY_BATCH_AND_LENGTH:
+            ids, mask, _ = batch(vocab=3000, lengths=lengths)
+            out, ref = graph(ids, mask), model(ids, mask)
+            assert out.shape == ref.shape and float((out - ref).abs().max() / ref.abs().max()) < 0.1
+    assert zoo.accel.model_size_bytes(model) / zoo.accel.model_size_bytes(graph) > 3.0
+
+
+@long_test("an inductor compilation, ~40 s of one core cold")
+@pytest.mark.slow
+def test_int8_dynamic_default_as_returned_runs_its_int8_graph_exactly():
+    # the frozen compilation lowers to oneDNN's int8 kernels; without VNNI their int16 pair sums saturate on
+    # full-range u8 activations (3.3% off here), which the default's 7-bit activations avoid
+    model, quantized = tiny_int8_default()
+    graph = zoo.accel.quantize(model, "int8_dynamic", compile=False)
+    for lengths in ANY_BATCH_AND_LENGTH:
+        ids, mask, _ = batch(vocab=3000, lengths=lengths)
+        out = quantized(ids, mask)  # with gradients on, as a user would call it
+        assert not out.requires_grad
+        with torch.no_grad():
+            torch.testing.assert_close(out, graph(ids, mask), rtol=0, atol=1e-4 * float(out.abs().max()))
+
+
+def test_int8_dynamic_pt2e_leaves_roberta_integer_positions_alone():
+    # RoBERTa counts positions with integer arithmetic (cumsum(mask) * mask); a quantizer that annotated that
+    # mul made the int8 graph fail at its first call
+    model = zoo.load("bert_cls", arch="roberta", layers=1, hidden=32, heads=2, intermediate=64, vocab_size=120,
+                     max_positions=40).eval()
+    ids, mask, _ = batch(lengths=(9, 5, 1))
+    ids = ids.masked_fill(mask == 0, model.config.pad_token_id)
+    q = zoo.accel.quantize(model, "int8_dynamic", backend="pt2e", example_inputs=(ids, mask),
+                           dynamic_dims={0: (1,), 1: (1,)})
+    with torch.no_grad():
+        out, ref = q(ids, mask), model(ids, mask)
+    assert float((out - ref).abs().max() / ref.abs().max()) < 0.1
+
+
+def test_int8_dynamic_torchao_with_int8_embeddings_stays_close_and_shrinks():
     torch.manual_seed(0)
     model = zoo.load("bert_cls", variant="minilm-l6", layers=2, hidden=48, heads=4, intermediate=96,
                      vocab_size=3000, max_positions=40).eval()
     ids, mask, types = batch(vocab=3000)
-    quantized = zoo.accel.quantize(model, "int8_dynamic", embeddings=True)
+    quantized = zoo.accel.quantize(model, "int8_dynamic", backend="torchao", embeddings=True)
     with torch.no_grad():
         torch.testing.assert_close(quantized(ids, mask, types), model(ids, mask, types), atol=5e-3, rtol=0)
     assert zoo.accel.model_size_bytes(model) / zoo.accel.model_size_bytes(quantized) > 3.0

@@ -9,8 +9,8 @@ from zoo.accel.export import check_onnx, export_onnx, export_program
 from zoo.accel.deploy import export  # noqa: E402  (after the module zoo.accel.export: the function takes the name)
 from zoo.accel.hardware import Capabilities, capabilities
 from zoo.accel.optimize import optimize
-from zoo.accel.quantize import model_size_bytes, quantize
+from zoo.accel.quantize import Int8Model, model_size_bytes, quantize
 
 __all__ = ["compile", "explain", "is_compiled", "autocast", "grad_scaler", "resolve_dtype", "fastest_dtype", "with_autocast", "cast",
-           "checkpointing", "quantize", "model_size_bytes", "export", "export_onnx", "check_onnx", "export_program",
-           "optimize", "capabilities", "Capabilities"]
+           "checkpointing", "quantize", "Int8Model", "model_size_bytes", "export", "export_onnx", "check_onnx",
+           "export_program", "optimize", "capabilities", "Capabilities"]
