@@ -224,6 +224,7 @@ def test_default_int8_dynamic_returns_what_it_chose(monkeypatch):
 
 
 def test_int8_static_on_conv_model():
+    torch.manual_seed(0)
     model = ConvNet().eval()
     batches = [torch.randn(4, 3, 16, 16) for _ in range(4)]
     q = accel.quantize(model, "int8_static", calibration=batches)
