@@ -136,7 +136,7 @@ def main() -> None:
     numbers = [k for k, v in rows[0][4].items() if isinstance(v, (int, float))]
     metric = args.metric or numbers[0]
     static = rows[0][3] == "int8_static"
-    heads = [f"int8 {metric}" + (f" ({n} cal)" if static else "") for n in (calibrations if static else [0])]
+    heads = [f"int8 {metric} ({n} cal)" for n in calibrations] if static else [f"int8 {metric}"]
     run.say(f"{'weights':<20} {'file':<44} {'steps':>6} {'int8 method':<13} {'fp32 ' + metric:>14} "
             + " ".join(f"{h:>18}" for h in heads) + f" {'run (fake int8)':>16}")
     for label, path, steps, method, fp32, int8, recorded in rows:

@@ -160,10 +160,8 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
                              "convolutions; use int8_dynamic for Linear-only models")
         if calibration is None:
             raise ValueError("int8_static needs calibration=...: an iterable of representative input batches")
-        # 7-bit activations without VNNI, as int8_dynamic's default (see _chosen): an unseeded test of a small
-        # ConvNet came out 6.2% off fp32 once with 8-bit ones, compiled to oneDNN's u8 x s8 kernels on an AVX2 EPYC
         return _pt2e(qmodel, [_as_tuple(b) for b in calibration], example_inputs, dynamic_dims, method,
-                     bool(embeddings), reduce_range=not hardware.capabilities(cuda=False).vnni)
+                     bool(embeddings), reduce_range=_reduce_range())
     if not _has(qmodel, (nn.Linear,)):
         raise ValueError(f"{method} quantizes nn.Linear layers and {type(plain).__name__} has none; "
                          "for a convolutional model use int8_static with a calibration loader")
@@ -192,12 +190,17 @@ def _chosen(qmodel: nn.Module, method: str, example_inputs: tuple | None, dynami
     if traced is not None:
         example_inputs, traced_dims = traced
         dynamic_dims = traced_dims if dynamic_dims is None else dynamic_dims
-    # 7-bit activations without VNNI (upstream's advice): the u8 x s8 kernels (vpmaddubsw) add pairs of products
-    # into int16, which saturates with full-range u8. Measured on AVX2: a tiny bert_cls frozen came out 3.3% off
-    # its own int8 graph with 8-bit activations, 1.5e-7 with 7-bit; the shipped one scored 0.8956 on SST-2 either way
     q = _pt2e(qmodel, [tuple(example_inputs)], example_inputs, dynamic_dims, method,
-              True if embeddings is None else embeddings, reduce_range=not hardware.capabilities(cuda=False).vnni)
+              True if embeddings is None else embeddings, reduce_range=_reduce_range())
     return q if compile is False else _compiled_pt2e(q, dynamic_dims, method)
+
+
+def _reduce_range() -> bool:
+    """7-bit activations where the CPU has no VNNI (upstream's advice), for int8_dynamic's default and int8_static:
+    oneDNN's u8 x s8 kernels (vpmaddubsw) add pairs of products into int16, which saturates with full-range u8.
+    Measured on AVX2: a tiny bert_cls frozen came out 3.3% off its own int8 graph with 8-bit activations, 1.5e-7
+    with 7-bit; the shipped one scored 0.8956 on SST-2 either way."""
+    return not hardware.capabilities(cuda=False).vnni
 
 
 def _compiled_pt2e(graph: torch.fx.GraphModule, dynamic_dims: dict | None, method: str) -> Int8Model:

@@ -56,17 +56,14 @@ def channels_last(model, inputs):
 
 
 def _int8(model, inputs):
-    from zoo.accel.quantize import Int8Model, quantize
+    from zoo.accel.quantize import quantize
     # both int8 paths reach int8 kernels only through inductor with frozen weights: PT2E leaves reference
     # quantize/dequantize ops that ran at 0.36x eager fp32 uncompiled (EfficientNetV2-S)
     if has_conv(model):
         model, inputs = channels_last(model, inputs)
         return zoo_compile(quantize(model, "int8_static", calibration=[inputs]), freeze=True), inputs
-    # int8_dynamic's default path for this CPU (7-bit activations without VNNI: 8-bit ones saturate oneDNN's
-    # u8 x s8 pair sums there; the explicit backend="pt2e" put bert_cls 0.248 off fp32 on an AVX2 EPYC); it comes
-    # back compiled where it chose PT2E, else (torchao) it is compiled here
-    q = quantize(model, "int8_dynamic", example_inputs=inputs)
-    return (q if isinstance(q, Int8Model) else zoo_compile(q, freeze=True)), inputs
+    # int8_dynamic's default path for this CPU, compiled with frozen weights whichever it chose
+    return quantize(model, "int8_dynamic", example_inputs=inputs, compile=True), inputs
 
 
 def _compiled_bf16(model, inputs):
