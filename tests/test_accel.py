@@ -237,6 +237,24 @@ def test_int8_static_on_conv_model():
     assert accel.model_size_bytes(model) / accel.model_size_bytes(q) >= 3.5
 
 
+def test_int8_static_warns_of_a_calibration_batch_that_sets_the_range():
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    typical = [torch.randn(4, 3, 16, 16) for _ in range(4)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        accel.quantize(model, "int8_static", calibration=typical)
+    assert not [w for w in caught if "calibration" in str(w.message)], "similar batches: no warning"
+    atypical = typical[:2] + [typical[2] * 100] + typical[3:]
+    expected = r"batch 2 of 4 drives the input 'x' to [\d.]+, 1\d\dx .*\(and 2 more layers\)"
+    with pytest.warns(UserWarning, match=expected) as caught:
+        q = accel.quantize(model, "int8_static", calibration=atypical)
+    message = next(str(w.message) for w in caught if "int8_static calibration" in str(w.message))
+    assert "leave such batches out of calibration=" in message, "the warning names the fix"
+    with torch.no_grad():  # what the warning is about: the typical batch loses its precision
+        assert _rel_err(q(typical[0]), model(typical[0])) > 0.05
+
+
 def test_quantize_errors_name_the_problem():
     with pytest.raises(ValueError, match="no convolutions; use int8_dynamic"):
         accel.quantize(nn.Sequential(nn.Linear(4, 4)), "int8_static", calibration=[torch.randn(1, 4)])

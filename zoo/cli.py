@@ -138,6 +138,9 @@ formats:
         (ExecuTorch has no 3-D convolution kernel)
 
 TorchScript (torch.jit.trace/script) is deprecated upstream and not offered: aoti is its successor for C++.
+TensorRT is not offered either (its libraries install only from NVIDIA's package index, out of reach of the
+machines zoo is tested on): on a CUDA machine with torch_tensorrt, torch_tensorrt.compile(model.eval().cuda(),
+ir="dynamo", arg_inputs=[x.cuda()]) takes a zoo model as it is.
 
 --int8 (onnx, aoti): Linear-only models (bert_cls, transformer_lm) get dynamic int8 (int8 weights and
 embedding tables, activation scales per call); convolutional ones (effnetv2_cls, unet3d_seg, diffusion_unet)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from zoo.accel import hardware
+from zoo.accel.calibration import RangeWatch
 from zoo.accel.compile import compile as zoo_compile
 from zoo.models.base import ZooModel, unwrap
 
@@ -121,7 +122,9 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
     int8_dynamic: Linear weights int8, activations quantized per call at run time.
     int8_weight_only: Linear weights int8, activations stay in float (helps memory-bound decoding).
     int8_static: convolutions and linears with activation scales calibrated on `calibration` (an iterable
-        of input tuples or tensors); needs a model with convolutions.
+        of input tuples or tensors); needs a model with convolutions. A batch that drives some layer 10x past
+        the other batches' median gets a warning naming it: it alone would set that layer's int8 range
+        (zoo.accel.calibration).
 
     int8_dynamic with no other argument takes the path that pays on this CPU (`default_path`): on x86 an
     `Int8Model` (PT2E traced on the zoo model's own export example, int8 embedding tables, compiled with frozen
@@ -249,10 +252,12 @@ def _pt2e(qmodel: nn.Module, batches: list[tuple], example_inputs: tuple | None,
     # PT2E with the x86 Inductor quantizer is the maintained graph path (FX graph mode is deprecated);
     # it lives in torchao for current torch and in torch.ao for older releases.
     try:
+        from torchao.quantization.pt2e.observer import ObserverBase
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
         from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
             X86InductorQuantizer, get_default_x86_inductor_quantization_config)
     except ImportError:
+        from torch.ao.quantization.observer import ObserverBase
         from torch.ao.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
         from torch.ao.quantization.quantizer.x86_inductor_quantizer import (
             X86InductorQuantizer, get_default_x86_inductor_quantization_config)
@@ -267,8 +272,11 @@ def _pt2e(qmodel: nn.Module, batches: list[tuple], example_inputs: tuple | None,
     with torch.no_grad():
         exported = export_program(qmodel, example, dynamic_dims=dynamic_dims).module()
         prepared = prepare_pt2e(exported, quantizer)
-        for batch in batches:  # dynamic: one pass inserts the run-time observers
-            prepared(*batch)
+        if method == "int8_static":  # and warns of a batch that alone sets a layer's range (zoo.accel.calibration)
+            RangeWatch(prepared, ObserverBase).calibrate(batches)
+        else:
+            for batch in batches:  # dynamic: one pass inserts the run-time observers
+                prepared(*batch)
         converted = convert_pt2e(prepared)
     if embeddings:
         _int8_embeddings(converted)
