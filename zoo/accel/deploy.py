@@ -38,6 +38,7 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
+from zoo._deps import require
 from zoo.accel import artifacts, deploy_int8
 from zoo.accel.export import export_program, write_onnx
 from zoo.models.base import Dynamic, ExportGraph, ZooModel, unwrap
@@ -135,7 +136,7 @@ def export(model: nn.Module, format: str = "onnx", out: str | os.PathLike = "exp
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     fmt = FORMATS[format]
-    _require(*fmt.needs, format)
+    require(fmt.needs[0], f"format {format}", fmt.needs[1])
     model = unwrap(model)
     if not isinstance(model, ZooModel):
         raise TypeError(f"zoo.accel.export takes a zoo model (its export_graphs say what to trace), not a "
@@ -427,13 +428,6 @@ def _shapes(inputs) -> list[list[int]]:
 
 
 # ------------------------------------------------------------------ files and folders
-
-
-def _require(module: str, install: str, format: str) -> None:
-    try:
-        __import__(module)
-    except ImportError:
-        raise RuntimeError(f"format {format} needs the {module} package: {install}") from None
 
 
 def _staging_folder(out: Path) -> tuple[Path, list[Path]]:

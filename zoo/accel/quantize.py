@@ -17,6 +17,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from zoo._deps import require
 from zoo.accel import hardware
 from zoo.accel.calibration import RangeWatch
 from zoo.accel.compile import compile as zoo_compile
@@ -232,7 +233,7 @@ def _torchao_int8(qmodel: nn.Module, method: str, embeddings: bool) -> nn.Module
 def _legacy_dynamic(qmodel: nn.Module, method: str) -> nn.Module:
     # Without torchao: torch.ao's dynamic quantization (fbgemm kernels) for int8_dynamic only.
     if method != "int8_dynamic":
-        raise RuntimeError(f"{method} needs torchao: pip install torchao")
+        require("torchao", method, "pip install torchao")
     qmodel = torch.ao.quantization.quantize_dynamic(qmodel, {nn.Linear}, dtype=torch.qint8)
     qmodel.quantization = method
     return qmodel
