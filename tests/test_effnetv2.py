@@ -129,7 +129,8 @@ def test_training_script_npz_eval_only_and_linear_probe(tmp_path):
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     common = ["--data", str(tmp_path / "tiny.npz"), "--batch-size", "8", "--workers", "0"]
     run = subprocess.run([sys.executable, script, *common, "--steps", "3", "--out", str(tmp_path / "run"),
-                          "--cutmix", "1.0"], capture_output=True, text=True, env=env, timeout=600)
+                          "--cutmix", "1.0", "--progressive-resize", "8:0.67"], capture_output=True, text=True,
+                         env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     saved = zoo.load("effnetv2_cls", pretrained=tmp_path / "run" / "model.safetensors")
     assert saved.labels == ["a", "b", "c"] and saved.config.stem_stride == 1

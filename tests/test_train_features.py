@@ -363,6 +363,47 @@ def test_progressive_unfreezing_trains_the_head_first_then_downwards(tmp_path):
     assert trained_parts(tmp_path, 6) == {"head", "head conv", "last stage", "stem"}
 
 
+def test_progressive_resize_schedule_and_its_refusals():
+    from zoo.data.images import ProgressiveResize
+    resize = ProgressiveResize("16:0.4,24:0.7")
+    sides = []
+    for step in range(10):
+        resize.set_step(step, 10)
+        sides.append(resize(torch.zeros(2, 3, 32, 32)).shape[-1])
+    assert sides == [16] * 4 + [24] * 3 + [32] * 3
+    resize.set_step(0, 10)
+    assert resize(torch.zeros(1, 3, 12, 12)).shape[-1] == 12, "a smaller image is never upsampled"
+    for bad, message in [("16", "each part is SIZE:UNTIL"), ("16:1.5", "each part is SIZE:UNTIL"),
+                         ("a:0.5", "each part is SIZE:UNTIL"), ("16:0.6,24:0.5", "must increase"), ("", "empty")]:
+        with pytest.raises(ValueError, match=message):
+            ProgressiveResize(bad)
+
+
+def sides_seen(tmp_path, steps, spec, resume_from=None):
+    """The input sides `small_effnet` saw in each training forward of a `steps`-step run (resumed from the
+    checkpoint `resume_from` when given)."""
+    from zoo.data.images import ProgressiveResize
+    model = small_effnet()
+    resize, seen = ProgressiveResize(spec), []
+    model.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[-1]) if m.training else None)
+    task = image_task(model)
+    loss = task.loss
+    task.loss, task.before_step = (lambda m, b: loss(m, (resize(b[0]), b[1]))), resize.set_step
+    cfg = TrainConfig(steps=steps, warmup=1, lr=1e-2, batch_size=4, workers=0, eval_every=100, save_every=2,
+                      out=str(tmp_path), resume="auto" if resume_from else None)
+    trainer = Trainer(cfg, task, CPU)
+    if resume_from:
+        trainer.load_checkpoint(resume_from)
+    trainer.fit()
+    return seen
+
+
+def test_progressive_resize_follows_the_steps_and_a_resumed_run(tmp_path):
+    assert sides_seen(tmp_path / "run", 4, "16:0.75") == [16, 16, 16, 32]
+    # the resumed run's steps 2 and 3 get their own sides (16 until 3/4 of the steps), not a restarted schedule's
+    assert sides_seen(tmp_path / "run", 4, "16:0.75", resume_from=tmp_path / "run" / "ckpt-00000002") == [16, 32]
+
+
 def test_layer_decay_needs_a_family_with_depth_groups(tmp_path):
     with pytest.raises(ValueError, match="has no depth groups"):
         Trainer(TrainConfig(steps=1, layer_decay=0.8, out=str(tmp_path), workers=0), tiny_task(), CPU)

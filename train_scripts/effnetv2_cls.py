@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 import zoo
 from zoo.blocks.tta import TTA_MODES, average_over_flips
-from zoo.data.images import (ArrayImages, image_folder_datasets, load_train_and_held_out, run_counting_skipped,
-                              tensor_eval_transform, train_transform)
+from zoo.data.images import (ArrayImages, ProgressiveResize, image_folder_datasets, load_train_and_held_out,
+                              run_counting_skipped, tensor_eval_transform, train_transform)
 from zoo.data.shards import ShardStream, image_shards, is_shard_pattern
 from zoo.train import Task, add_train_args, config_from_args, main_guard, run, setup_logging
 
@@ -86,9 +86,13 @@ def build_task(cfg) -> Task:
 
     k = len(names)
     mixup = _mixup(k, a["mixup"], a["cutmix"])
+    # smaller images early in the run (EfficientNetV2's progressive learning), the data's own size at the end
+    progressive = ProgressiveResize(a["progressive_resize"]) if a["progressive_resize"] else None
 
     def loss(m, batch):
         x, y = batch
+        if progressive is not None:
+            x = progressive(x)
         if mixup is not None:
             x, y = mixup(x, y)  # soft targets (B, k)
         logits = m(x.contiguous(memory_format=torch.channels_last) if a["channels_last"] else x)
@@ -127,6 +131,7 @@ def build_task(cfg) -> Task:
         train_data=train_data if not cfg.eval_only else None,
         eval_data=eval_data,
         loss=loss, eval_step=eval_step, summarize=summarize, eval_batch_size=256,
+        before_step=progressive.set_step if progressive is not None else None,
         meta={"labels": names, "dataset": str(cfg.data),
               "preprocessing": {"resize": resize or size, "crop": size, "mean": mean, "std": std, "interpolation": "bilinear"},
               **({"extra": {"eval_tta": a["tta"]}} if a["tta"] != "none" else {})},  # the metrics were measured so
@@ -160,6 +165,9 @@ def main(argv=None):
     g.add_argument("--mixup", type=float, default=0.0, help="MixUp alpha (0 = off)")
     g.add_argument("--cutmix", type=float, default=0.0, help="CutMix alpha (0 = off)")
     g.add_argument("--drop-path", type=float, default=0.1)
+    g.add_argument("--progressive-resize", default=None, metavar="SIZE:UNTIL,...",
+                   help="train on smaller images first: e.g. 16:0.4,24:0.7 = 16 px for the first 40%% of the "
+                        "steps, 24 px to 70%%, then the data's size (EfficientNetV2's progressive learning)")
     g.add_argument("--freeze-backbone", action="store_true", help="linear probe: train only the head")
     g.add_argument("--channels-last", action="store_true")
     g.add_argument("--tta", default="none", choices=TTA_MODES, help="test-time augmentation for evaluation: "

@@ -386,3 +386,43 @@ def tensor_eval_transform(size: int, *, small: bool, mean, std, resize: int | No
     from torchvision.transforms import v2 as T
     ops = [] if small else [T.Resize(resize or int(size * 256 / 224), antialias=True), T.CenterCrop(size)]
     return T.Compose(ops + [T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)])
+
+
+class ProgressiveResize:
+    """EfficientNetV2's progressive learning, the image-size half: train on smaller images first, the full size
+    last. `spec` is "SIZE:UNTIL,..." with UNTIL the fraction of the run's steps up to which SIZE holds (e.g.
+    "16:0.4,24:0.7": 16 px for the first 40% of the steps, 24 px to 70%, then the data's own size). A 16 px
+    image has a quarter of a 32 px one's pixels, and a convolutional network's cost follows the pixels;
+    evaluation stays at full size.
+    Batches are resized on the fly (bilinear, antialiased), after the augmentation."""
+
+    def __init__(self, spec: str):
+        self.stages: list[tuple[int, float]] = []
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            size, sep, until = part.partition(":")
+            try:
+                stage = int(size), float(until)
+            except ValueError:
+                stage = None
+            if not sep or stage is None or stage[0] < 1 or not 0.0 < stage[1] <= 1.0:
+                raise ValueError(f"--progressive-resize {spec!r}: each part is SIZE:UNTIL, a side in pixels and "
+                                 f"the fraction of the steps it lasts to, in (0, 1] (e.g. 16:0.4,24:0.7); got {part!r}")
+            if self.stages and stage[1] <= self.stages[-1][1]:
+                raise ValueError(f"--progressive-resize {spec!r}: the UNTIL fractions must increase")
+            self.stages.append(stage)
+        if not self.stages:
+            raise ValueError("--progressive-resize is empty; give SIZE:UNTIL parts, e.g. 16:0.4,24:0.7")
+        self.size: int | None = None  # the current stage's side; None: the data's own
+
+    def set_step(self, step: int, total_steps: int) -> None:
+        """Before each training step: the side for that step (the trainer's Task.before_step)."""
+        done = step / max(total_steps, 1)
+        self.size = next((size for size, until in self.stages if done < until), None)
+
+    def __call__(self, images):
+        """`images` (B, C, H, W) at the current stage's side (a larger side is never upsampled to)."""
+        import torch.nn.functional as F
+        if self.size is None or self.size >= max(images.shape[-2:]):
+            return images
+        return F.interpolate(images, size=(self.size, self.size), mode="bilinear", antialias=True,
+                             align_corners=False)

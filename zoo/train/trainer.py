@@ -81,6 +81,9 @@ class Task:
     # the dimension of the model's output that holds the class logits (-1: (B, C) or (B, T, V); 1: (B, C, D, H, W));
     # None when the output is not logits: then --teacher (distillation) is refused
     class_dim: int | None = None
+    # (step, total_steps) before each training step's forward passes (the step a resumed run is at), e.g. a
+    # schedule of image sizes (zoo.data.images.ProgressiveResize)
+    before_step: Callable[[int, int], None] | None = None
 
 
 class Stream(Protocol):
@@ -604,6 +607,8 @@ class Trainer:
                 batch = _to_device(batch, self.device)
                 if self.unfreezing is not None:
                     self._hold_frozen_parts()
+                if self.task.before_step is not None:
+                    self.task.before_step(self.step, self.total_steps)
                 last_micro = (micro + 1) % cfg.grad_accum == 0
                 with ctx.no_sync(self.model) if not last_micro else contextlib.nullcontext():
                     with autocast(self.device, self.amp_dtype, force=True):
