@@ -137,18 +137,21 @@ def test_shipped_weights_reproduce_their_dice_on_held_out_volumes():
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     model = zoo.load("unet3d_seg", pretrained=True)
-    assert model.pretrained_meta.metrics["mean_dice"] >= 0.9
+    metrics = model.pretrained_meta.metrics
+    # trained on randomised volumes; the goal is foreground Dice on a generator it never saw (issue 21)
+    assert metrics["fg_dice_unseen"] >= 0.85 and metrics["fg_dice"] >= 0.85
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
     recorded = model.pretrained_meta.extra.get("eval_amp", "off")  # evaluated under the precision it trained in
     # bf16 3D convolutions without native bf16 are ~165x slower than fp32 (this eval: hours instead of about
     # a minute): there evaluate in fp32, which must agree with the bf16 measurement within 0.5 pt of Dice
     amp = fast_amp(recorded)
     result = subprocess.run([sys.executable, str(root / "train_scripts" / "unet3d_seg.py"), "--eval-only",
-                             "--pretrained", "default", "--data", "synthetic", "--workers", "0", "--amp", amp],
+                             "--pretrained", "default", "--data", "synthetic-random", "--workers", "0", "--amp", amp],
                             capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     evaluated = json.loads(result.stdout.strip().splitlines()[-1])["eval"]
-    if amp == recorded:
-        assert evaluated["mean_dice"] == model.pretrained_meta.metrics["mean_dice"]
-    else:
-        assert evaluated["mean_dice"] == pytest.approx(model.pretrained_meta.metrics["mean_dice"], abs=0.005)
+    for key in ("mean_dice", "fg_dice", "fg_dice_unseen"):
+        if amp == recorded:
+            assert evaluated[key] == metrics[key], key
+        else:
+            assert evaluated[key] == pytest.approx(metrics[key], abs=0.005), key

@@ -86,8 +86,10 @@ class ResBlock3d(nn.Module):
         return F.leaky_relu(self.norm2(self.conv2(y)) + self.skip(x), 0.01)
 
 
-@register_model("unet3d_seg", config=UNet3dConfig, weights={"synthetic": "unet3d_seg.synthetic.safetensors"},
-                default="synthetic",
+@register_model("unet3d_seg", config=UNet3dConfig,
+                weights={"synthetic-random": "unet3d_seg.synthetic-random.safetensors",
+                         "synthetic": "unet3d_seg.synthetic.safetensors"},
+                default="synthetic-random",  # trained on randomised volumes: segments ones it has never seen
                 description="Deep 3D UNet for volumetric segmentation (checkpointing, sliding-window inference)")
 class UNet3d(ZooModel):
     """Residual 3D UNet."""
