@@ -83,6 +83,44 @@ def test_channels_last_gives_the_same_output():
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("side, stride, channels_last", [(1, 1, True), (2, 1, True), (2, 2, False), (3, 2, True),
+                                                         (1, 2, False), (4, 1, True)])
+def test_depthwise_conv_on_maps_smaller_than_its_kernel_matches_the_plain_conv(side, stride, channels_last):
+    # the training pass pads explicitly (or takes the centre tap at 1x1) where oneDNN's backward is slow
+    from zoo.models.effnetv2 import DepthwiseConv2d
+    torch.manual_seed(0)
+    conv = DepthwiseConv2d(12, 12, 3, stride, 1, groups=12, bias=True)
+    x = torch.randn(3, 12, side, side + 1 if side > 1 else 1)
+    if channels_last:
+        x, conv = x.contiguous(memory_format=torch.channels_last), conv.to(memory_format=torch.channels_last)
+    x.requires_grad_(True)
+    got = conv(x)
+    got.backward(torch.arange(got.numel(), dtype=torch.float32).view_as(got).cos())
+    want = torch.nn.functional.conv2d(x, conv.weight, conv.bias, stride, 1, 1, 12)
+    want_grads = torch.autograd.grad(want, (x, conv.weight, conv.bias),
+                                     torch.arange(want.numel(), dtype=torch.float32).view_as(want).cos())
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    for grad, want_grad in zip((x.grad, conv.weight.grad, conv.bias.grad), want_grads):
+        torch.testing.assert_close(grad, want_grad, atol=1e-5, rtol=1e-5)
+
+
+def test_gradients_match_torchvision_on_images_that_shrink_to_1x1():
+    # 32 px through a stride-2 stem ends in 2x2 and 1x1 maps: the depthwise convs' small-map path
+    torch.manual_seed(0)
+    tv = torchvision.models.efficientnet_v2_s(num_classes=5).eval()  # eval: no dropout, BN running statistics
+    model = zoo.load("effnetv2_cls", variant="s", num_classes=5).eval()
+    model.load_state_dict(from_torchvision(tv.state_dict(), model.config))
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 3])
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    torch.nn.functional.cross_entropy(tv(x), y).backward()
+    ours = dict(model.named_parameters())
+    mapped = from_torchvision({k: p.grad for k, p in tv.named_parameters()} | {
+        k: v for k, v in tv.state_dict().items() if "running" in k or "num_batches" in k}, model.config)
+    for name, p in ours.items():
+        torch.testing.assert_close(p.grad, mapped[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_grad_checkpointing_same_gradients():
     torch.manual_seed(0)
     model = zoo.load("effnetv2_cls", variant="b0", num_classes=10, drop_path_rate=0.0, drop_rate=0.0).train()
