@@ -121,6 +121,19 @@ def test_gradients_match_torchvision_on_images_that_shrink_to_1x1():
         torch.testing.assert_close(p.grad, mapped[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("num_classes", [10, 3])
+def test_a_fresh_classifier_starts_near_the_uniform_loss(num_classes):
+    # torchvision's 1/sqrt(classes) bound gave 10 classes logits of std ~4.6 and a first loss of ~4.1
+    torch.manual_seed(0)
+    model = zoo.load("effnetv2_cls", variant="b0", stem_stride=1, num_classes=num_classes).train()
+    x, y = torch.randn(32, 3, 32, 32), torch.randint(0, num_classes, (32,))
+    for _ in range(2):
+        logits = model(x)
+        assert 0.02 < logits.std() < 1.0
+        assert torch.nn.functional.cross_entropy(logits, y) < np.log(num_classes) + 0.3
+        model.reset_head(num_classes)
+
+
 def test_grad_checkpointing_same_gradients():
     torch.manual_seed(0)
     model = zoo.load("effnetv2_cls", variant="b0", num_classes=10, drop_path_rate=0.0, drop_rate=0.0).train()

@@ -148,6 +148,16 @@ class SameConv2d(nn.Conv2d):
         return super().forward(F.pad(x, pads))
 
 
+def _init_head(linear: nn.Linear) -> None:
+    """uniform(1/sqrt(features)), nn.Linear's own bound: logits of std ~0.4 from unit features, a first loss
+    near ln k. torchvision's uniform(1/sqrt(classes)) was made for 1000 classes; with 10 it draws logits of
+    std ~4.6 (a first loss of 4.1, and a slower start: on CIFAR-10 at 16 px, train loss 2.58 after 400 steps
+    against 2.04 with a zero classifier)."""
+    bound = 1.0 / math.sqrt(linear.in_features)
+    nn.init.uniform_(linear.weight, -bound, bound)
+    nn.init.zeros_(linear.bias)
+
+
 class DepthwiseConv2d(nn.Conv2d):
     """A depthwise conv that, when gradients are recorded on the CPU, pads explicitly for an input smaller
     than its kernel. oneDNN's depthwise backward is 5-10x slower there: CIFAR-sized images reach 2x2 and 1x1
@@ -268,7 +278,7 @@ class EfficientNetV2(ZooModel):
         self._init_weights()
 
     def _init_weights(self):
-        # as torchvision: kaiming-normal fan-out convs, unit BN, uniform(1/sqrt(out)) classifier
+        # as torchvision: kaiming-normal fan-out convs, unit BN; the classifier as _init_head says
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out")
@@ -278,9 +288,7 @@ class EfficientNetV2(ZooModel):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
             elif isinstance(m, nn.Linear):
-                bound = 1.0 / math.sqrt(m.out_features)
-                nn.init.uniform_(m.weight, -bound, bound)
-                nn.init.zeros_(m.bias)
+                _init_head(m)
 
     # ------------------------------------------------------------------ the timm contract
 
@@ -362,9 +370,7 @@ class EfficientNetV2(ZooModel):
     def reset_head(self, num_classes: int) -> None:
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         if num_classes > 0:
-            bound = 1.0 / math.sqrt(num_classes)
-            nn.init.uniform_(self.head.weight, -bound, bound)
-            nn.init.zeros_(self.head.bias)
+            _init_head(self.head)
             self.head.to(next(self.parameters()).device)
         self.config = dataclasses.replace(self.config, num_classes=num_classes)
 
