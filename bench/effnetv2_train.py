@@ -3,11 +3,15 @@
     python bench/effnetv2_train.py --save               # variant s, batch 32, 64x64 (the issue's setting)
     python bench/effnetv2_train.py --variant b0 --size 32 --batch 128 --stem-stride 1   # the CIFAR recipe
     python bench/effnetv2_train.py --variant b0 --size 32 --batch 2 --no-compile --reps 2   # a smoke run
+    python bench/effnetv2_train.py --variant b0 --size 16 --batch 128 --stem-stride 1 --no-compile --save \
+        --save-as effnetv2_cls_train_16px   # the small-map depthwise path against the plain conv
 
 One step = forward, cross-entropy, backward, fused AdamW update; rows interleaved (one step of each per
 round, the order rotating), medians over rounds; ratios to zoo's eager fp32 step and to torchvision's
 (variants s/m/l; torchvision has no b0-b3) within each round. bf16 rows run only where the CPU has bf16
-kernels (--force-emulated times them anyway).
+kernels (--force-emulated times them anyway). "plain depthwise conv" is channels_last with the depthwise
+convs' small-map training path off (zoo.models.effnetv2.DepthwiseConv2d): what it saves where maps shrink
+below the kernel (CIFAR-sized images).
 """
 import argparse
 import contextlib
@@ -30,6 +34,7 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--stem-stride", type=int, default=2)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--save-as", default="effnetv2_cls_train", help="results file name (before the CPU tag)")
     add_run_arguments(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -39,6 +44,14 @@ def main():
     def zoo_model():
         return zoo.load("effnetv2_cls", variant=args.variant, num_classes=10, stem_stride=args.stem_stride).train()
 
+    def plain_depthwise_model():
+        from zoo.models.effnetv2 import DepthwiseConv2d
+        model = zoo_model()
+        for m in model.modules():
+            if isinstance(m, DepthwiseConv2d):
+                m.__class__ = torch.nn.Conv2d  # same parameters, the plain forward
+        return model
+
     def torchvision_model():
         import torchvision
         return getattr(torchvision.models, f"efficientnet_v2_{args.variant}")(num_classes=10).train()
@@ -46,6 +59,7 @@ def main():
     # (model, mode, builder, channels_last, bf16, compiled)
     specs = [("zoo", "eager fp32", zoo_model, False, False, False),
              ("zoo", "channels_last", zoo_model, True, False, False),
+             ("zoo", "plain depthwise conv", plain_depthwise_model, True, False, False),
              ("zoo", "bf16 autocast", zoo_model, False, True, False),
              ("zoo", "bf16+channels_last", zoo_model, True, True, False)]
     if not args.no_compile:
@@ -73,7 +87,7 @@ def main():
             + (", vs torchvision: to torchvision eager fp32" if peer else "") + ", medians over rounds")
     run.say(format_table(rows, peer=peer, unit="step", items="img"))
     if args.save:
-        run.save("effnetv2_cls_train")
+        run.save(args.save_as)
 
 
 if __name__ == "__main__":
