@@ -95,11 +95,11 @@ def test_depthwise_conv_on_maps_smaller_than_its_kernel_matches_the_plain_conv(s
         x, conv = x.contiguous(memory_format=torch.channels_last), conv.to(memory_format=torch.channels_last)
     x.requires_grad_(True)
     got = conv(x)
-    got.backward(torch.arange(got.numel(), dtype=torch.float32).view_as(got).cos())
     want = torch.nn.functional.conv2d(x, conv.weight, conv.bias, stride, 1, 1, 12)
-    want_grads = torch.autograd.grad(want, (x, conv.weight, conv.bias),
-                                     torch.arange(want.numel(), dtype=torch.float32).view_as(want).cos())
     assert got.shape == want.shape
+    upstream = torch.arange(want.numel(), dtype=torch.float32).view_as(want).cos()
+    got.backward(upstream)
+    want_grads = torch.autograd.grad(want, (x, conv.weight, conv.bias), upstream)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
     for grad, want_grad in zip((x.grad, conv.weight.grad, conv.bias.grad), want_grads):
         torch.testing.assert_close(grad, want_grad, atol=1e-5, rtol=1e-5)
