@@ -13,6 +13,7 @@ from zoo.train.best import parse_metric
 from zoo.train.distributed import DistContext
 from zoo.train.schedules import lr_schedule
 
+from .conftest import needs_native_bf16
 from .test_train import TINY, corpus, run, tiny_task  # noqa: F401  (corpus is a fixture)
 
 CPU = DistContext("none", torch.device("cpu"))
@@ -271,6 +272,28 @@ def test_a_teacher_of_another_task_is_refused(tmp_path):
         trained_lm(tmp_path / "s", teacher=str(teacher_file))
 
 
+def test_a_teacher_with_the_classes_in_another_order_is_refused(tmp_path, caplog):
+    import dataclasses
+
+    import zoo
+    names = [f"class {i}" for i in range(12)]
+    teacher_file = tmp_path / "teacher.safetensors"
+    zoo.save(lm_task().model, teacher_file, {"labels": names})
+
+    def student(labels):
+        task = dataclasses.replace(lm_task(seed=1), meta={"labels": labels})
+        return Trainer(TrainConfig(steps=1, teacher=str(teacher_file), out=str(tmp_path / "s"), workers=0), task, CPU)
+    with pytest.raises(ValueError, match=r"the order \['class 11', .*relabel the data in the teacher's order"):
+        student(names[::-1])
+    # other names for as many classes: distilled by position, with a warning that says so
+    with caplog.at_level("WARNING", logger="zoo.train.distill"):
+        student([str(i) for i in range(12)])
+    assert "distilling them by position" in caplog.text
+    caplog.clear()
+    student(names)
+    assert "by position" not in caplog.text
+
+
 # ---------------------------------------------------------------- FSDP2 precision and offload
 
 
@@ -283,6 +306,22 @@ def test_fsdp_offload_trains_like_one_process(corpus, tmp_path):  # noqa: F811
     # the same global batch: the same loss curve (up to the order of the gradient reduction)
     torch.testing.assert_close(train_losses(tmp_path / "offload"), train_losses(tmp_path / "one"), atol=1e-5,
                                rtol=1e-5)
+
+
+@needs_native_bf16
+def test_fsdp_bf16_params_train_close_to_fp32_and_ship_fp32_weights(corpus, tmp_path):  # noqa: F811
+    from .test_train import torchrun, train_losses, weights
+    common = [*TINY, "--data", corpus, "--steps", "4", "--eval-every", "4", "--dropout", "0"]
+    run([*common, "--batch-size", "8", "--out", str(tmp_path / "one")])
+    torchrun(2, [*common, "--batch-size", "4", "--dist", "fsdp", "--fsdp-param-dtype", "bf16",
+                 "--fsdp-reduce-dtype", "fp32", "--out", str(tmp_path / "bf16")])
+    mixed, fp32 = torch.tensor(train_losses(tmp_path / "bf16")), torch.tensor(train_losses(tmp_path / "one"))
+    # bf16 forward/backward (8 bits of mantissa): close to the fp32 curve, and not equal to it, so the
+    # all-gathered parameters really were bf16 (not silently fp32 on this native-bf16 CPU)
+    torch.testing.assert_close(mixed, fp32, atol=5e-2, rtol=2e-2)
+    assert (mixed - fp32).abs().max() > 1e-5
+    # the sharded master weights stay fp32, and so does what is saved
+    assert {t.dtype for t in weights(tmp_path / "bf16").values()} == {torch.float32}
 
 
 def test_fsdp_param_dtype_falls_back_to_fp32_where_it_is_not_native(monkeypatch, tmp_path):

@@ -503,27 +503,36 @@ def from_torchvision(state_dict: dict[str, Tensor], config: EffNetV2Config | Non
     with torch.device("meta"):  # shapes only: no memory, no init; the weights' own in_chans (adapted on load)
         reference = EfficientNetV2(dataclasses.replace(config, num_classes=state_dict["classifier.1.weight"].shape[0],
                                                        in_chans=state_dict["features.0.0.weight"].shape[1]))
-    own = reference.state_dict()
-    out, used = {}, set()
-    for ours, theirs in _torchvision_key_map(config).items():
+    out, problems = _renamed(state_dict, _torchvision_key_map(config), reference.state_dict())
+    if problems:
+        raise ValueError(f"torchvision state dict does not fit EfficientNetV2-{config.variant.upper()}: "
+                         f"{'; '.join(problems[:6])}; is it EfficientNetV2-{config.variant.upper()}?")
+    return out
+
+
+def _renamed(state_dict: dict[str, Tensor], key_map: dict[str, str], own: dict[str, Tensor]
+             ) -> tuple[dict[str, Tensor], list[str]]:
+    """`state_dict` under this model's keys, by `key_map` (zoo module prefix -> peer's), checked against `own`'s
+    keys and shapes; with every problem found (a missing key, a wrong shape, a key with no place)."""
+    out, used, problems = {}, set(), []
+    for ours, theirs in key_map.items():
         for leaf in _LEAVES:
             key = f"{ours}.{leaf}"
             if key not in own:
                 continue
             source = f"{theirs}.{leaf}"
             if source not in state_dict:
-                raise ValueError(f"torchvision state dict lacks {source} (for {key}); is it EfficientNetV2-"
-                                 f"{config.variant.upper()}?")
-            if state_dict[source].shape != own[key].shape:
-                raise ValueError(f"{source} has shape {tuple(state_dict[source].shape)} but {key} needs "
-                                 f"{tuple(own[key].shape)}; is it EfficientNetV2-{config.variant.upper()}?")
-            out[key] = state_dict[source]
-            used.add(source)
+                problems.append(f"lacks {source} (for {key})")
+            elif state_dict[source].shape != own[key].shape:
+                problems.append(f"{source} has shape {tuple(state_dict[source].shape)} but {key} needs "
+                                f"{tuple(own[key].shape)}")
+            else:
+                out[key] = state_dict[source]
+                used.add(source)
     unused = sorted(set(state_dict) - used)
     if unused:
-        raise ValueError(f"torchvision keys with no place in EfficientNetV2-{config.variant.upper()}: "
-                         f"{', '.join(unused[:10])}")
-    return out
+        problems.append(f"keys with no place: {', '.join(unused[:10])}{' ...' if len(unused) > 10 else ''}")
+    return out, problems
 
 
 def _check_zoo_layout(state_dict: dict[str, Tensor], config: EffNetV2Config) -> dict[str, Tensor]:
@@ -678,24 +687,7 @@ def from_timm(state_dict: dict[str, Tensor], config: EffNetV2Config) -> dict[str
     with torch.device("meta"):
         reference = EfficientNetV2(dataclasses.replace(config, num_classes=num_classes,
                                                        in_chans=state_dict["conv_stem.weight"].shape[1]))
-    own = reference.state_dict()
-    out, used, problems = {}, set(), []
-    for ours, theirs in _timm_key_map(reference).items():
-        for leaf in _LEAVES:
-            key = f"{ours}.{leaf}"
-            if key not in own:
-                continue
-            source = f"{theirs}.{leaf}"
-            if source not in state_dict:
-                problems.append(f"lacks {source}")
-            elif state_dict[source].shape != own[key].shape:
-                problems.append(f"{source} is {tuple(state_dict[source].shape)}, {key} needs {tuple(own[key].shape)}")
-            else:
-                out[key] = state_dict[source]
-                used.add(source)
-    unused = sorted(set(state_dict) - used)
-    if unused:
-        problems.append(f"keys with no place: {', '.join(unused[:10])}{' ...' if len(unused) > 10 else ''}")
+    out, problems = _renamed(state_dict, _timm_key_map(reference), reference.state_dict())
     if problems:
         raise ValueError(f"timm state dict does not fit EfficientNetV2 {config.variant} (widths={config.widths}, "
                          f"depths={config.depths}): {'; '.join(problems[:6])}")

@@ -9,13 +9,16 @@ is in eval mode, without gradients, inside the same autocast as the student, so 
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import logging
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["Distillation", "soft_target_loss"]
+
+log = logging.getLogger(__name__)
 
 
 def soft_target_loss(student: Tensor, teacher: Tensor, temperature: float, class_dim: int) -> Tensor:
@@ -44,7 +47,8 @@ class _WithTeacher(nn.Module):
 
 class Distillation:
     def __init__(self, task_name: str, task_loss: Callable[[nn.Module, Any], Tensor], class_dim: int | None,
-                 student: nn.Module, spec: str, alpha: float, temperature: float, device: torch.device):
+                 student: nn.Module, spec: str, alpha: float, temperature: float, device: torch.device,
+                 labels: Sequence[str] | None = None):
         import zoo
         if class_dim is None:
             raise ValueError(f"--teacher: the {task_name} train script has no class logits to distill "
@@ -56,6 +60,7 @@ class Distillation:
             raise ValueError(f"--teacher {spec} reads its input with tokenizer {theirs!r}, the student with "
                              f"{mine!r}: a teacher must see the same token ids; give one of the same tokenizer")
         self.spec = spec
+        _check_classes(spec, list(labels) if labels else None, self.teacher)
 
     def loss(self, model: nn.Module, batch: Any) -> Tensor:
         both = _WithTeacher(model, self.teacher)
@@ -69,3 +74,19 @@ class Distillation:
                              f"{tuple(student.shape)}: the teacher must be of the same task (the same classes)")
         soft = soft_target_loss(student, teacher, self.temperature, self.class_dim)
         return (1 - self.alpha) * hard + self.alpha * soft
+
+
+def _check_classes(spec: str, labels: list[str] | None, teacher: nn.Module) -> None:
+    """Soft targets are matched to the student's outputs by position: refuse the teacher's classes in another
+    order (every target would go to the wrong class), warn of classes named differently (e.g. 0/1 against
+    negative/positive: the same order, most likely, but only the caller knows)."""
+    meta = getattr(teacher, "pretrained_meta", None)
+    theirs = list(meta.labels) if meta is not None and meta.labels else None
+    if labels is None or theirs is None or labels == theirs:
+        return
+    if sorted(labels) == sorted(theirs):
+        raise ValueError(f"--teacher {spec} predicts the classes {theirs}, the student's data has them in the "
+                         f"order {labels}: the soft targets would go to the wrong classes; relabel the data in "
+                         "the teacher's order (bert_cls: --label-names with the teacher's names in its order)")
+    log.warning("--teacher %s names its classes %s, the student's data %s: distilling them by position",
+                spec, theirs, labels)

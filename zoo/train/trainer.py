@@ -202,7 +202,8 @@ class Trainer:
         self.ema = EMA(self.plain, cfg.ema) if cfg.ema else None
         # the loss of a training step: the task's own, or with --teacher the task's mixed with soft targets
         self.distillation = (Distillation(task.name, task.loss, task.class_dim, self.plain, cfg.teacher,
-                                          cfg.distill_alpha, cfg.distill_temperature, self.device)
+                                          cfg.distill_alpha, cfg.distill_temperature, self.device,
+                                          task.meta.get("labels"))
                              if cfg.teacher else None)
         self.step_loss = self.distillation.loss if self.distillation else task.loss
         self.total_steps = cfg.steps if cfg.steps is not None else (cfg.epochs or 0) * self.steps_per_epoch
