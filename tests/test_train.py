@@ -409,10 +409,11 @@ def test_train_time_is_summed_across_resumes(tmp_path):
 
 @pytest.mark.parametrize("examples,counted", [(1, [False]), (9, [True, False])])
 def test_short_evaluation_shard_runs_as_many_batches_as_rank_0(tmp_path, examples, counted):
+    from zoo.train.loaders import eval_batches
     # rank 1 of 2 (collectives off): with 1 example its shard is empty, with 9 it holds 4 to rank 0's 5
     cfg = TrainConfig(steps=1, batch_size=4, workers=0, out=str(tmp_path))
     trainer = Trainer(cfg, tiny_task(eval_examples=examples), DistContext("none", torch.device("cpu"), 1, 2))
-    assert [c for _, c in trainer._eval_batches()] == counted
+    assert [c for _, c in eval_batches(trainer.task, cfg, trainer.ctx, workers=0)] == counted
     seen = []
     trainer.task.summarize = lambda sums: seen.append(sums) or {}
     trainer.evaluate()

@@ -9,10 +9,8 @@ logging is configured by the script's command line (`setup_logging`), not here.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
-import math
 import os
 import random
 import shlex
@@ -27,14 +25,12 @@ from typing import Any, Callable, Iterable, Protocol
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import Dataset, Sampler
 
 from zoo._deps import MissingPackage
 from zoo._io import atomic_write_bytes
 from zoo.accel.amp import autocast, fastest_dtype, grad_scaler, resolve_dtype
 from zoo.accel.compile import compile as zoo_compile
-from zoo.data.seeding import SeededSamples
 from zoo.models.base import ZooModel
 from zoo.train.best import BestTracker, best_file, best_files
 from zoo.train.distill import Distillation
@@ -43,6 +39,7 @@ from zoo.train.checkpoint import (claim_run_folder, find_checkpoint, load_checkp
 from zoo.train.config import TrainConfig
 from zoo.train.distributed import DistContext, fingerprint, init_distributed
 from zoo.train.groups import Unfreezing, depth_param_groups
+from zoo.train.loaders import TrainBatches, default_workers, eval_batches, to_device
 from zoo.train.ema import EMA
 from zoo.train.qat import FakeQuantized, first_call
 from zoo.train.metrics import MetricsLogger, format_metrics
@@ -129,38 +126,6 @@ def decay_param_groups(model: nn.Module, weight_decay: float, lr: float | None =
     return [g for g in groups if g["params"]]
 
 
-class _ResumableBatches:
-    """A batch sampler that can skip the batches already consumed in this epoch (exact resume), yielding each
-    index as the key (epoch, index) that `SeededSamples` seeds the sample's augmentation from."""
-
-    def __init__(self, batches):
-        self.batches, self.skip, self.epoch = batches, 0, 0
-
-    def __iter__(self):
-        for batch in itertools.islice(iter(self.batches), self.skip, None):
-            yield [(self.epoch, i) for i in batch]
-
-    def __len__(self):
-        return len(self.batches) - self.skip
-
-
-def _to_device(batch, device):
-    if isinstance(batch, Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    return batch
-
-
-def default_workers(world_size: int) -> int:
-    # On a 2-core machine worker processes only steal cycles from the math; elsewhere leave one core free.
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    per_process = cpus // max(1, world_size)
-    return 0 if per_process <= 2 else min(8, per_process - 1)
-
-
 class Trainer:
     def __init__(self, cfg: TrainConfig, task: Task, ctx: DistContext):
         self.cfg, self.task, self.ctx = cfg, task, ctx
@@ -168,10 +133,11 @@ class Trainer:
         self.out = Path(cfg.out)
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.workers = cfg.workers if cfg.workers is not None else default_workers(ctx.world_size)
-        self.train_loader = self._train_loader() if task.train_data is not None else None
+        self.train_data = TrainBatches(task, cfg, ctx, self.workers) if task.train_data is not None else None
+        self.train_loader = self.train_data.loader if self.train_data is not None else None
         self.steps_per_epoch = (len(self.train_loader) // cfg.grad_accum) if self.train_loader else 0
         if self.train_loader is not None and self.steps_per_epoch == 0:
-            if self.sampler is None:  # a stream: its length is per process, in whole batches
+            if self.train_data.is_stream:  # its length is per process, in whole batches
                 raise ValueError(f"the training stream yields {len(task.train_data)} examples per process, no full "
                                  f"step of batch {cfg.batch_size} x {cfg.grad_accum} accumulation: give a smaller "
                                  "--batch-size or --grad-accum, or more training data")
@@ -232,7 +198,7 @@ class Trainer:
         if self.train_loader is None:
             raise ValueError("--qat traces the model on a training batch: give training data (--data)")
         self._start_epoch()
-        return first_call(self.task.loss, _to_device(next(iter(self.train_loader)), self.device))
+        return first_call(self.task.loss, to_device(next(iter(self.train_loader)), self.device))
 
     def _fsdp_options(self) -> dict[str, Any]:
         """--fsdp-param-dtype / --fsdp-reduce-dtype / --fsdp-offload as DistContext.wrap's options; a dtype
@@ -284,78 +250,8 @@ class Trainer:
                 for p in group["params"]:
                     p.grad = None
 
-    # ------------------------------------------------------------------ data
-
-    def _loader_options(self) -> dict:
-        # pinned host memory makes the copies to the GPU asynchronous (non_blocking in _to_device); workers
-        # persist across epochs, so an epoch does not start by forking and importing again
-        opts = {"num_workers": self.workers, "collate_fn": self.task.collate,
-                "pin_memory": self.device.type == "cuda"}
-        if self.workers > 0:
-            opts.update(persistent_workers=True, prefetch_factor=self.cfg.prefetch_factor)
-        return opts
-
-    def _train_loader(self) -> DataLoader:
-        cfg, ctx = self.cfg, self.ctx
-        if isinstance(self.task.train_data, IterableDataset):
-            return self._stream_loader()
-        # DistributedSampler also for one process: one code path, and set_epoch reshuffles reproducibly
-        self.sampler = DistributedSampler(self.task.train_data, num_replicas=ctx.world_size, rank=ctx.rank,
-                                          shuffle=True, seed=cfg.seed, drop_last=True)
-        if self.task.batch_sampler is not None:
-            batches = self.task.batch_sampler(self.sampler, cfg.batch_size)
-        else:
-            batches = torch.utils.data.BatchSampler(self.sampler, cfg.batch_size, drop_last=True)
-        self.batches = _ResumableBatches(batches)
-        # Each sample's augmentation is seeded from (seed, epoch, index), so it is the same in any worker, for
-        # any --workers and after a resume. The loader draws its workers' base seed (unused by the data now)
-        # whenever an iterator starts, also mid-epoch after a resume: from its own generator, that draw does
-        # not shift the global RNG that dropout uses.
-        return DataLoader(SeededSamples(self.task.train_data, cfg.seed), batch_sampler=self.batches,
-                          generator=torch.Generator(), **self._loader_options())
-
-    def _stream_loader(self) -> DataLoader:
-        """An iterable training set splits itself across the ranks (no DistributedSampler), says how many
-        examples each rank yields per epoch, and resumes by skipping the ones consumed; see `Stream`."""
-        cfg, ctx, stream = self.cfg, self.ctx, self.task.train_data
-        missing = [name for name in ("split", "set_epoch", "__len__") if not hasattr(stream, name)]
-        if missing:
-            raise ValueError(f"the iterable training dataset {type(stream).__name__} has no {', '.join(missing)}: "
-                             "zoo.train splits, counts and resumes a stream through them (see "
-                             "zoo.data.shards.ShardStream), or give a map-style dataset")
-        stream.split(rank=ctx.rank, world_size=ctx.world_size, batch_size=cfg.batch_size)
-        self.sampler = self.batches = None
-        # not persistent: each epoch's workers start after set_epoch, holding the epoch and the skip
-        options = {**self._loader_options(), "persistent_workers": False}
-        return DataLoader(stream, batch_size=cfg.batch_size, drop_last=True, generator=torch.Generator(), **options)
-
     def _start_epoch(self) -> None:
-        """Set the training data's order to this epoch's, after the batches of it already consumed."""
-        if self.sampler is None:
-            self.task.train_data.set_epoch(self.epoch, skip=self.batch_in_epoch * self.cfg.batch_size)
-        else:
-            self.sampler.set_epoch(self.epoch)
-            self.batches.epoch, self.batches.skip = self.epoch, self.batch_in_epoch
-
-    def _eval_batches(self) -> Iterable[tuple[Any, bool]]:
-        """(batch, counted): this rank's shard of the evaluation data (every example once, no padding), then
-        uncounted repeats of the data's first batch until every rank has run as many batches as rank 0,
-        which holds the largest shard. A rank with fewer examples, or none (fewer examples than processes),
-        so still takes part in each forward pass that FSDP gathers weights for, and its sums get the keys
-        and shapes of the others'."""
-        data, ctx = self.task.eval_data, self.ctx
-        if len(data) == 0:
-            raise ValueError("the evaluation data is empty; give held-out examples or no evaluation set")
-        size = self.task.eval_batch_size or self.cfg.batch_size
-        loader = DataLoader(data, batch_size=size, sampler=range(ctx.rank, len(data), ctx.world_size),
-                            **self._loader_options())
-        yield from ((batch, True) for batch in loader)
-        missing = math.ceil(math.ceil(len(data) / ctx.world_size) / size) - len(loader)
-        if missing > 0:
-            first = next(iter(DataLoader(data, batch_size=size, sampler=range(min(size, len(data))),
-                                         collate_fn=self.task.collate)))
-            for _ in range(missing):
-                yield first, False
+        self.train_data.start_epoch(self.epoch, self.batch_in_epoch)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -497,11 +393,11 @@ class Trainer:
         self.model.eval()
         sums: dict[str, Tensor] = {}
         with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
-            for batch, counted in self._eval_batches():
+            for batch, counted in eval_batches(self.task, self.cfg, self.ctx, self.workers):
                 if interruptible and self._should_stop():
                     self.model.train()
                     return None
-                batch = _to_device(batch, self.device)
+                batch = to_device(batch, self.device)
                 with autocast(self.device, self.amp_dtype, force=True):
                     part = self.task.eval_step(self.model, batch)
                 if not counted:
@@ -605,7 +501,7 @@ class Trainer:
             self._start_epoch()
             micro = 0
             for batch in self.train_loader:
-                batch = _to_device(batch, self.device)
+                batch = to_device(batch, self.device)
                 if self.unfreezing is not None:
                     self._hold_frozen_parts()
                 if self.task.before_step is not None:
@@ -802,7 +698,7 @@ class Trainer:
                      record_shapes=True, profile_memory=True, with_stack=True,
                      on_trace_ready=on_trace_ready) as prof:
             for _ in range(steps + 2):
-                batch = _to_device(next(batches), self.device)
+                batch = to_device(next(batches), self.device)
                 with autocast(self.device, self.amp_dtype, force=True):
                     loss = self.step_loss(self.model, batch)
                 self.scaler.scale(loss).backward()
