@@ -158,6 +158,88 @@ def test_keep_best_with_ema_ships_the_ema_weights_of_the_best_step(tmp_path):
             torch.testing.assert_close(p.detach(), kept[name], rtol=0, atol=0)
 
 
+class ConvBN(torch.nn.Module):
+    """A net with BatchNorm running statistics, whose averages the EMA must keep with the weights'."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                       torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def bn_task():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 2, 6, 6, generator=g) * 3 + 1  # statistics far from BatchNorm's initial 0 and 1
+    y = x.mean((1, 2, 3))[:, None]
+    data = torch.utils.data.TensorDataset(x, y)
+    return Task(name="convbn", model=ConvBN(), train_data=data, eval_data=data,
+                loss=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
+                eval_step=lambda m, b: {"se": ((m(b[0]) - b[1]) ** 2).sum(), "n": torch.tensor(len(b[0]))},
+                summarize=lambda s: {"mse": float(s["se"] / s["n"])})
+
+
+def test_ema_averages_batchnorm_statistics_like_torch_averaged_model(tmp_path):
+    from torch.optim.swa_utils import AveragedModel
+    decay = 0.8
+    trainer = Trainer(TrainConfig(steps=6, warmup=1, lr=0.05, out=str(tmp_path), workers=0, batch_size=8,
+                                  ema=decay), bn_task(), CPU)
+    # torch's own EMA over parameters and buffers, with the EMA's warm-up: the k-th update's decay is
+    # min(decay, (1 + k) / (10 + k)); its first call copies the starting weights, as the EMA does
+    reference = AveragedModel(trainer.plain, use_buffers=True, avg_fn=lambda avg, new, k: avg + (new - avg) * (
+        1 - min(decay, (1 + int(k)) / (10 + int(k)))))  # (not torch.lerp: BatchNorm counts its batches in int64)
+    reference.update_parameters(trainer.plain)
+    batches = iter(trainer.train_loader)
+    for _ in range(6):
+        trainer.task.loss(trainer.model, next(batches)).backward()
+        assert trainer._optimizer_step() is not None  # the EMA updates inside
+        reference.update_parameters(trainer.plain)
+    assert {"net.1.running_mean", "net.1.running_var"} <= set(trainer.ema.names)
+    expected = {k: v for k, v in reference.module.state_dict().items() if v.is_floating_point()}
+    live = trainer.plain.state_dict()["net.1.running_mean"].clone()
+    with trainer.ema.swapped():
+        got = trainer.plain.state_dict()
+        for name, value in expected.items():
+            torch.testing.assert_close(got[name], value, rtol=1e-6, atol=1e-7, msg=name)
+        assert not torch.equal(got["net.1.running_mean"], live), "the live statistics must not be evaluated"
+        x = bn_task().eval_data.tensors[0][:8]
+        torch.testing.assert_close(trainer.plain.eval()(x), reference.module.eval()(x), rtol=1e-5, atol=1e-6)
+    assert torch.equal(trainer.plain.state_dict()["net.1.running_mean"], live), "swapped back out"
+    state = trainer.final_state_dict()  # the shipped file: averaged weights with averaged statistics
+    torch.testing.assert_close(state["net.1.running_var"], expected["net.1.running_var"], rtol=1e-6, atol=1e-7)
+
+
+def test_ema_resumes_from_a_checkpoint_that_kept_only_parameters(tmp_path, monkeypatch):
+    from zoo.train.ema import EMA
+    cfg = dict(steps=8, warmup=1, lr=0.05, out=str(tmp_path), workers=0, batch_size=16, ema=0.8, eval_every=4,
+               keep=3)
+    full = Trainer(TrainConfig(**cfg), bn_task(), CPU)
+    with monkeypatch.context() as m:  # the checkpoints zoo wrote before the EMA kept BatchNorm statistics
+        m.setattr(EMA, "state_dict", lambda self: {"updates": torch.tensor(self.updates), **{
+            n: s for n, s in zip(self.names, self.shadow) if n not in self.buffer_names}})
+        full.fit()
+    resumed = Trainer(TrainConfig(**cfg, resume="auto"), bn_task(), CPU)
+    resumed.load_checkpoint(tmp_path / "ckpt-00000004")
+    assert resumed.step == 4 and resumed.ema.updates == 4
+    for name in resumed.ema.buffer_names:  # their averages restart from the loaded statistics
+        i = resumed.ema.names.index(name)
+        assert torch.equal(resumed.ema.shadow[i], resumed.ema.tensors[i]), name
+    resumed.fit()
+    for name, shadow, done in zip(resumed.ema.names, resumed.ema.shadow, full.ema.shadow):
+        if name not in resumed.ema.buffer_names:  # the saved averages went on exactly
+            assert torch.equal(shadow, done), name
+
+
+def test_resuming_with_ema_a_run_that_had_none_is_one_clear_error(tmp_path):
+    cfg = dict(steps=4, warmup=1, out=str(tmp_path), workers=0, batch_size=16, eval_every=4)
+    Trainer(TrainConfig(**cfg), bn_task(), CPU).fit()
+    resumed = Trainer(TrainConfig(**cfg, ema=0.9, resume="auto"), bn_task(), CPU)
+    with pytest.raises(ValueError, match="has no EMA weights but --ema was given; resume without --ema"):
+        resumed.load_checkpoint(tmp_path / "ckpt-00000004")
+
+
 def test_keep_best_refuses_a_metric_the_evaluation_lacks(tmp_path):
     trainer = trainer_for(tmp_path, {2: 0.5}, steps=2, keep_best="accuracy")
     with pytest.raises(ValueError, match="no such metric; it reports score"):

@@ -53,8 +53,8 @@ class TrainConfig:
     compile: bool = _flag(False, "torch.compile the model")
     compile_mode: str | None = _flag(None, "torch.compile mode (implies --compile)",
                                      choices=["default", "reduce-overhead", "max-autotune"])
-    ema: float | None = _flag(None, "EMA decay, e.g. 0.999; evaluation and saved weights then use the EMA",
-                              metavar="DECAY")
+    ema: float | None = _flag(None, "EMA decay, e.g. 0.999; evaluation and saved weights then use the averaged "
+                              "weights (and BatchNorm statistics)", metavar="DECAY")
     dist: str = _flag("none", "data parallel under torchrun", choices=["none", "ddp", "fsdp"])
     fsdp_param_dtype: str | None = _flag(None, "--dist fsdp: compute with the gathered parameters in this dtype "
                                                "(sharded fp32 masters kept); fp32 with a warning where it is not "

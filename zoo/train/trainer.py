@@ -35,7 +35,7 @@ from zoo.models.base import ZooModel
 from zoo.train.best import BestTracker, best_file, best_files
 from zoo.train.distill import Distillation
 from zoo.train.checkpoint import (claim_run_folder, find_checkpoint, load_checkpoint, remove_stale_temporaries,
-                                  save_checkpoint)
+                                  save_checkpoint, saved_entries)
 from zoo.train.config import TrainConfig
 from zoo.train.distributed import DistContext, fingerprint, init_distributed
 from zoo.train.groups import Unfreezing, depth_param_groups
@@ -286,11 +286,15 @@ class Trainer:
             saved = f"with --qat {saved_qat}" if saved_qat else "without --qat"
             raise ValueError(f"{path} was saved by a run {saved}: resume it {saved}")
         state = self._app_state()
+        if self.ema is not None:
+            saved = saved_entries(path)
+            if "ema.updates" not in saved:
+                raise ValueError(f"{path} has no EMA weights but --ema was given; resume without --ema")
+            # checkpoints from before the EMA kept BatchNorm statistics: those averages restart from the model's
+            state["ema"] = {k: v for k, v in state["ema"].items() if f"ema.{k}" in saved}
         trainer_state = load_checkpoint(path, state, self.ctx)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if self.ema is not None:
-            if "ema" not in state:
-                raise ValueError(f"{path} has no EMA weights but --ema was given; resume without --ema")
             self.ema.load_state_dict(state["ema"])
         self.scheduler.load_state_dict(trainer_state["scheduler"])
         self._follow_schedule()
@@ -369,9 +373,7 @@ class Trainer:
         state = load_file(str(best_file(self.out, self.best.step)))
         set_model_state_dict(self._weights_owner, state, options=StateDictOptions(full_state_dict=True))
         if self.ema is not None:
-            with torch.no_grad():
-                for s, p in zip(self.ema.shadow, self.ema.params):
-                    s.copy_(p)
+            self.ema.reset_to_live()
         if self.ctx.is_main:
             log.info("--keep-best: the final weights are step %d's (%s %s)", self.best.step, self.best.metric,
                      self.best.value)
