@@ -150,11 +150,15 @@ def save_checkpoint(out: str | Path, step: int, app_state: dict[str, Any], train
     return final
 
 
-def load_checkpoint(path: Path, app_state: dict[str, Any], ctx) -> dict[str, Any]:
-    """Fill `app_state` in place from the checkpoint; returns the trainer state and restores this rank's RNG."""
+def load_checkpoint(path: Path, app_state: dict[str, Any], ctx, partial: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Fill `app_state` in place from the checkpoint; returns the trainer state and restores this rank's RNG.
+    `partial`: entries of `app_state` (dicts) whose keys the checkpoint may lack; those keys are dropped from them."""
     import torch.distributed.checkpoint as dcp
 
-    check_fits(path, app_state)
+    saved = check_fits(path, app_state)
+    for entry in partial:
+        if entry in app_state:
+            app_state[entry] = {k: v for k, v in app_state[entry].items() if f"{entry}.{k}" in saved}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(app_state, checkpoint_id=str(path))
@@ -175,7 +179,7 @@ def saved_entries(path: Path) -> dict[str, Any]:
                          f"{e}); resume from another checkpoint or start over with --overwrite") from None
 
 
-def check_fits(path: Path, app_state: dict[str, Any]) -> None:
+def check_fits(path: Path, app_state: dict[str, Any]) -> dict[str, Any]:
     """ValueError naming the differing keys or shapes when the checkpoint's model is not this run's (another
     family, or other architecture flags such as --dim or --n-layers), instead of DCP's error from deep inside."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -186,7 +190,7 @@ def check_fits(path: Path, app_state: dict[str, Any]) -> None:
     missing, unexpected = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
     shapes = [k for k in sorted(set(ours) & set(theirs)) if ours[k] != theirs[k]]
     if not (missing or unexpected or shapes):
-        return
+        return saved
     what = []
     if shapes:
         k = shapes[0]

@@ -35,7 +35,7 @@ from zoo.models.base import ZooModel
 from zoo.train.best import BestTracker, best_file, best_files
 from zoo.train.distill import Distillation
 from zoo.train.checkpoint import (claim_run_folder, find_checkpoint, load_checkpoint, remove_stale_temporaries,
-                                  save_checkpoint, saved_entries)
+                                  save_checkpoint)
 from zoo.train.config import TrainConfig
 from zoo.train.distributed import DistContext, fingerprint, init_distributed
 from zoo.train.groups import Unfreezing, depth_param_groups
@@ -286,16 +286,13 @@ class Trainer:
             saved = f"with --qat {saved_qat}" if saved_qat else "without --qat"
             raise ValueError(f"{path} was saved by a run {saved}: resume it {saved}")
         state = self._app_state()
-        if self.ema is not None:
-            saved = saved_entries(path)
-            if "ema.updates" not in saved:
-                raise ValueError(f"{path} has no EMA weights but --ema was given; resume without --ema")
-            # checkpoints from before the EMA kept BatchNorm statistics: those averages restart from the model's
-            state["ema"] = {k: v for k, v in state["ema"].items() if f"ema.{k}" in saved}
-        trainer_state = load_checkpoint(path, state, self.ctx)
+        # "ema" partial: checkpoints from before the EMA kept BatchNorm statistics have only the parameters'
+        trainer_state = load_checkpoint(path, state, self.ctx, partial=("ema",))
+        if self.ema is not None and "updates" not in state["ema"]:
+            raise ValueError(f"{path} has no EMA weights but --ema was given; resume without --ema")
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if self.ema is not None:
-            self.ema.load_state_dict(state["ema"])
+            self.ema.load_state_dict(state["ema"])  # the statistics' averages it lacks restart from the model's
         self.scheduler.load_state_dict(trainer_state["scheduler"])
         self._follow_schedule()
         self.scaler.load_state_dict(trainer_state["scaler"])
