@@ -169,21 +169,17 @@ def load_checkpoint(path: Path, app_state: dict[str, Any], ctx, partial: tuple[s
     return trainer_state
 
 
-def saved_entries(path: Path) -> dict[str, Any]:
-    """The checkpoint's flattened keys ("model.x.weight", "ema.updates", ...) and their storage metadata."""
+def check_fits(path: Path, app_state: dict[str, Any]) -> dict[str, Any]:
+    """ValueError naming the differing keys or shapes when the checkpoint's model is not this run's (another
+    family, or other architecture flags such as --dim or --n-layers), instead of DCP's error from deep inside.
+    Returns the checkpoint's flattened keys ("model.x.weight", "ema.updates", ...) with their metadata."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     try:
-        return dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     except Exception as e:  # noqa: BLE001 - an unreadable checkpoint is the user's to replace
         raise ValueError(f"--resume {path}: its model and optimiser state cannot be read ({type(e).__name__}: "
                          f"{e}); resume from another checkpoint or start over with --overwrite") from None
-
-
-def check_fits(path: Path, app_state: dict[str, Any]) -> dict[str, Any]:
-    """ValueError naming the differing keys or shapes when the checkpoint's model is not this run's (another
-    family, or other architecture flags such as --dim or --n-layers), instead of DCP's error from deep inside."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-    saved = saved_entries(path)
     ours = {f"model.{k}": tuple(v.shape) for k, v in app_state["model"].items() if isinstance(v, torch.Tensor)}
     theirs = {k: tuple(m.size) for k, m in saved.items()
               if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
