@@ -62,6 +62,31 @@ def test_feature_maps_and_small_image_stem():
     assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (2, 1280)
 
 
+def test_stage_strides_override_moves_the_mbconv_stages_to_larger_maps(tmp_path):
+    # b0's table with strides (1, 2, 2, 1, 1, 2): on a 32x32 image (stem stride 1) its MBConv stages see 8x8 and
+    # 4x4 maps instead of 4x4 and 2x2; the weights' shapes do not change, the config travels with a saved file
+    torch.manual_seed(0)
+    table = {"variant": "b0", "stem_stride": 1, "num_classes": 10, "depths": (1, 2, 1, 1, 1, 1)}
+    model = zoo.load("effnetv2_cls", strides=(1, 2, 2, 1, 1, 2), **table).eval()
+    x = torch.randn(2, 3, 32, 32)
+    feats = model.forward_intermediates(x)
+    assert [f.shape[-1] for f in feats] == [32, 16, 8, 4]
+    assert [i["reduction"] for i in model.feature_info()] == [1, 2, 4, 8]
+    assert model.forward_features(x).shape[-2:] == (4, 4)
+    default = zoo.load("effnetv2_cls", **table)
+    assert {k: v.shape for k, v in default.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
+    default.load_state_dict(model.state_dict())
+    assert default.forward_features(x).shape[-2:] == (2, 2)
+    zoo.save(model, tmp_path / "m.safetensors", {"labels": [str(i) for i in range(10)]})
+    loaded = zoo.load("effnetv2_cls", pretrained=tmp_path / "m.safetensors").eval()
+    assert loaded.config.strides == (1, 2, 2, 1, 1, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x))
+    for bad in ((1, 2, 2, 1, 1), (1, 2, 3, 1, 1, 2)):
+        with pytest.raises(ValueError, match=r"strides for variant 'b0' must be 6 values of 1 or 2"):
+            zoo.load("effnetv2_cls", variant="b0", strides=bad)
+
+
 def test_reset_head_and_new_num_classes_from_saved_weights(tmp_path):
     model = zoo.load("effnetv2_cls", variant="b0", num_classes=10)
     zoo.save(model, tmp_path / "m.safetensors", {"labels": [str(i) for i in range(10)]})
@@ -179,12 +204,15 @@ def test_training_script_npz_eval_only_and_linear_probe(tmp_path):
     script = str(root / "train_scripts" / "effnetv2_cls.py")
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     common = ["--data", str(tmp_path / "tiny.npz"), "--batch-size", "8", "--workers", "0"]
+    table = ["--widths", "16,8,16,24,32,40,48,64", "--depths", "1,1,1,1,1,1", "--strides", "1,2,2,1,1,2"]
     run = subprocess.run([sys.executable, script, *common, "--steps", "3", "--out", str(tmp_path / "run"),
-                          "--cutmix", "1.0", "--progressive-resize", "8:0.67"], capture_output=True, text=True,
-                         env=env, timeout=600)
+                          "--cutmix", "1.0", "--progressive-resize", "8:0.67", *table], capture_output=True,
+                         text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     saved = zoo.load("effnetv2_cls", pretrained=tmp_path / "run" / "model.safetensors")
     assert saved.labels == ["a", "b", "c"] and saved.config.stem_stride == 1
+    assert (saved.config.widths, saved.config.depths, saved.config.strides) == (
+        (16, 8, 16, 24, 32, 40, 48, 64), (1,) * 6, (1, 2, 2, 1, 1, 2))
     again = subprocess.run([sys.executable, script, *common, "--eval-only", "--pretrained",
                             str(tmp_path / "run" / "model.safetensors")], capture_output=True, text=True, env=env,
                            timeout=600)
@@ -198,6 +226,11 @@ def test_training_script_npz_eval_only_and_linear_probe(tmp_path):
     assert torch.equal(probed.stem.conv.weight, saved.stem.conv.weight), "frozen backbone unchanged"
     assert torch.equal(probed.stem.bn.running_mean, saved.stem.bn.running_mean), "BN statistics frozen too"
     assert not torch.equal(probed.head.weight, saved.head.weight)
+    clash = subprocess.run([sys.executable, script, *common, "--steps", "1", "--pretrained",
+                            str(tmp_path / "run" / "model.safetensors"), "--strides", "1,2,2,2,1,2", "--out",
+                            str(tmp_path / "clash")], capture_output=True, text=True, env=env, timeout=600)
+    assert clash.returncode != 0 and "--strides shape a new model" in clash.stderr
+    assert not (tmp_path / "clash" / "model.safetensors").exists()
 
 
 def test_freeze_backbone_trains_only_the_head_and_keeps_bn_statistics():

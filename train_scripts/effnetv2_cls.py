@@ -63,6 +63,10 @@ def build_task(cfg) -> Task:
     mean, std = (CIFAR_MEAN, CIFAR_STD) if small else (IMAGENET_MEAN, IMAGENET_STD)
     resize = None
 
+    table = {k: a[k] for k in ("widths", "depths", "strides") if a[k] is not None}
+    if cfg.pretrained and table:
+        raise ValueError(f"--{'/--'.join(table)} shape a new model; the --pretrained weights bring their own table "
+                         "(drop the flag, or drop --pretrained to train from scratch)")
     if cfg.pretrained:
         overrides = {"num_classes": cfg.num_classes} if cfg.num_classes else {}
         model = zoo.load("effnetv2_cls", pretrained=cfg.pretrained, **overrides)
@@ -75,7 +79,7 @@ def build_task(cfg) -> Task:
             names = meta.labels
     else:
         model = zoo.load("effnetv2_cls", variant=a["variant"], stem_stride=a["stem_stride"],
-                         num_classes=cfg.num_classes or len(names), drop_path_rate=a["drop_path"])
+                         num_classes=cfg.num_classes or len(names), drop_path_rate=a["drop_path"], **table)
     if model.config.num_classes != len(names):
         raise ValueError(f"the data has {len(names)} classes but the model {model.config.num_classes}; "
                          "pass --num-classes to re-initialise the head")
@@ -138,6 +142,13 @@ def build_task(cfg) -> Task:
     )
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(n) for n in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,2,1,1,2, got {text!r}")
+
+
 def _mixup(num_classes: int, mixup: float, cutmix: float):
     from torchvision.transforms import v2 as T
     chosen = ([T.MixUp(alpha=mixup, num_classes=num_classes)] if mixup > 0 else []) + \
@@ -152,6 +163,10 @@ def main(argv=None):
     g.add_argument("--variant", default="b0", choices=["b0", "b1", "b2", "b3", "s", "m", "l"])
     g.add_argument("--stem-stride", type=int, default=None, help="1 keeps resolution for small images (default "
                    "for images <= 64 px)")
+    for name, what in (("widths", "channels of the stem, of each stage and of the head conv"),
+                       ("depths", "blocks per stage"), ("strides", "stride (1 or 2) of each stage's first block")):
+        g.add_argument(f"--{name}", type=_ints, default=None, metavar="N,N,...",
+                       help=f"{what}, replacing the variant's table (a new model only)")
     g.add_argument("--eval-data", default=None, help="held-out set (.npz x_test/y_test or ImageFolder test/) "
                    "when --data has none; with shards as --data, a shard pattern")
     g.add_argument("--val-fraction", type=float, default=0.1, help="share of the training images held out for "

@@ -100,12 +100,15 @@ class EffNetV2Config:
     # tf_efficientnetv2_b3 rounds its first stage to 16, efficientnetv2_rw_t is S at 0.8 width); None: the variant's
     widths: tuple[int, ...] | None = None
     depths: tuple[int, ...] | None = None
+    # the stride of each stage's first block (1 or 2), replacing the table's: (1, 2, 2, 1, 1, 2) runs b0's MBConv
+    # stages on 8x8 and 4x4 maps of a 32x32 image (stem stride 1) instead of 4x4 and 2x2; None: the variant's
+    strides: tuple[int, ...] | None = None
     # an expansion-1 Fused-MBConv keeps its 1x1 projection (timm's efficientnetv2_rw_s / rw_m first stage)
     fused_e1_project: bool = False
 
     def __post_init__(self):
         check_config(self, num_classes=">= 0", in_chans=">= 1", drop_rate="[0, 1)", drop_path_rate="[0, 1)",
-                     bn_eps="> 0", bn_momentum="[0, 1]", widths=">= 1", depths=">= 1")
+                     bn_eps="> 0", bn_momentum="[0, 1]", widths=">= 1", depths=">= 1", strides=">= 1")
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown EfficientNetV2 variant {self.variant!r}; choose {', '.join(VARIANTS)}")
         if self.padding not in ("torch", "same"):
@@ -118,6 +121,9 @@ class EffNetV2Config:
                 raise ValueError(f"{name} for variant {self.variant!r} must be {size} positive ints "
                                  f"({'stem, one per stage, head' if name == 'widths' else 'one per stage'}), "
                                  f"got {value!r}")
+        if self.strides is not None and (len(self.strides) != stages or not all(n in (1, 2) for n in self.strides)):
+            raise ValueError(f"strides for variant {self.variant!r} must be {stages} values of 1 or 2 (one per "
+                             f"stage), got {self.strides!r}")
         if self.stem_stride not in (1, 2):
             raise ValueError(f"stem_stride must be 1 or 2, got {self.stem_stride}")
         if self.num_classes < 0:
@@ -125,13 +131,15 @@ class EffNetV2Config:
 
 
 def arch(config: EffNetV2Config) -> Variant:
-    """The stage table `config` builds: its variant's, with `widths` / `depths` applied."""
+    """The stage table `config` builds: its variant's, with `widths` / `depths` / `strides` applied."""
     v = VARIANTS[config.variant]
-    if config.widths is None and config.depths is None:
+    if config.widths is None and config.depths is None and config.strides is None:
         return v
     widths = config.widths or (v.stem, *(s.channels for s in v.stages), v.head)
     depths = config.depths or tuple(s.layers for s in v.stages)
-    stages = tuple(dataclasses.replace(s, channels=w, layers=d) for s, w, d in zip(v.stages, widths[1:-1], depths))
+    strides = config.strides or tuple(s.stride for s in v.stages)
+    stages = tuple(dataclasses.replace(s, channels=w, layers=d, stride=st)
+                   for s, w, d, st in zip(v.stages, widths[1:-1], depths, strides))
     return Variant(widths[0], stages, widths[-1], v.dropout)
 
 
