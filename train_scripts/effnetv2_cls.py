@@ -63,10 +63,7 @@ def build_task(cfg) -> Task:
     mean, std = (CIFAR_MEAN, CIFAR_STD) if small else (IMAGENET_MEAN, IMAGENET_STD)
     resize = None
 
-    table = {k: a[k] for k in ("widths", "depths", "strides") if a[k] is not None}
-    if cfg.pretrained and table:
-        raise ValueError(f"--{'/--'.join(table)} shape a new model; the --pretrained weights bring their own table "
-                         "(drop the flag, or drop --pretrained to train from scratch)")
+    table = {k: a[k] for k in TABLE_FLAGS if a[k] is not None}  # main() refused them with --pretrained
     if cfg.pretrained:
         overrides = {"num_classes": cfg.num_classes} if cfg.num_classes else {}
         model = zoo.load("effnetv2_cls", pretrained=cfg.pretrained, **overrides)
@@ -142,6 +139,9 @@ def build_task(cfg) -> Task:
     )
 
 
+TABLE_FLAGS = ("widths", "depths", "strides")  # EffNetV2Config fields that replace the variant's stage table
+
+
 def _ints(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(n) for n in text.split(","))
@@ -188,6 +188,10 @@ def main(argv=None):
     g.add_argument("--tta", default="none", choices=TTA_MODES, help="test-time augmentation for evaluation: "
                    "flip averages the logits of each image and its horizontal mirror (twice the evaluation time)")
     args = parser.parse_args(argv)
+    table = [f"--{k}" for k in TABLE_FLAGS if getattr(args, k) is not None]
+    if args.pretrained and table:  # before any data is read
+        parser.error(f"{'/'.join(table)} shape a new model; the --pretrained weights bring their own table "
+                     "(drop the flag, or drop --pretrained to train from scratch)")
     if args.stem_stride is None:
         args.stem_stride = 1 if (args.image_size or 32) <= 64 else 2
     setup_logging()
