@@ -153,6 +153,7 @@ def test_train_and_eval_only_amp_follow_the_rule_and_say_what_ran(monkeypatch, c
     assert len(warnings_of(caplog)) == warnings, "one warning per run (not per step); --amp auto never warns"
     meta = read_weights_file(tmp_path / "model.safetensors").meta
     assert meta.extra["eval_amp"] == expected  # the precision really used, in --amp's words
+    assert meta.extra["hardware"] == [f"{caps.describe()}, {torch.get_num_threads()} threads"]  # train_time_s's
     capsys.readouterr()
     run(TrainConfig(eval_only=True, amp=flag, out=str(tmp_path / "eval"), workers=0, batch_size=8), _tiny_task)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["amp"] == expected

@@ -404,6 +404,27 @@ def test_train_time_is_summed_across_resumes(tmp_path):
     assert saved < resumed <= second.train_time
 
 
+def test_hardware_of_every_machine_a_resumed_run_used_is_recorded(tmp_path):
+    from zoo.accel.hardware import capabilities
+    here = f"{capabilities().describe()}, {torch.get_num_threads()} threads"
+    ctx = DistContext("none", torch.device("cpu"))
+    common = dict(warmup=1, batch_size=8, workers=0, eval_every=4, out=str(tmp_path))
+    Trainer(TrainConfig(steps=4, **common), tiny_task(), ctx).fit()
+    state_file = tmp_path / "ckpt-00000004" / "trainer.pt"
+    state = torch.load(state_file, weights_only=True)
+    assert state["hardware"] == [here]
+    again = Trainer(TrainConfig(steps=8, resume="auto", **common), tiny_task(), ctx)
+    again.load_checkpoint(tmp_path / "ckpt-00000004")
+    assert again.hardware == [here]  # the same machine is named once
+    state["hardware"] = ["CPU AMX (native bf16, VNNI), 2 threads"]  # as if the first part ran elsewhere
+    torch.save(state, state_file)
+    moved = Trainer(TrainConfig(steps=8, resume="auto", **common), tiny_task(), ctx)
+    moved.load_checkpoint(tmp_path / "ckpt-00000004")
+    moved.fit()
+    assert moved.hardware == ["CPU AMX (native bf16, VNNI), 2 threads", here]
+    assert torch.load(tmp_path / "ckpt-00000008" / "trainer.pt", weights_only=True)["hardware"] == moved.hardware
+
+
 # ---------------------------------------------------------------- evaluation shards
 
 

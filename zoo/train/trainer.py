@@ -189,6 +189,8 @@ class Trainer:
         self.skipped_steps = 0
         self.nonfinite_losses = 0  # micro-batches whose loss was inf/NaN (without fp16 scaling)
         self.train_time = 0.0  # seconds in fit(), summed over resumes (kept in the checkpoints)
+        # train_time_s means little without the machines it was spent on: each one a resumed run ran on, in order
+        self.hardware = [_hardware_line()]
         self._fit_started: float | None = None
         self.last_eval: dict[str, Any] = {}
         self._stop_signal: int | None = None
@@ -267,7 +269,7 @@ class Trainer:
         trainer_state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                          "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                          "world_size": self.ctx.world_size, "skipped_steps": self.skipped_steps,
-                         "train_time_s": self._train_time(),
+                         "train_time_s": self._train_time(), "hardware": self.hardware,
                          "best": self.best.state_dict() if self.best else None,
                          "stopped_early_at": self.stopped_early_at, "eval_pending": self.eval_pending,
                          "config": {k: v for k, v in vars(self.cfg).items() if k != "extra"}}
@@ -299,6 +301,8 @@ class Trainer:
         self.step, self.epoch = trainer_state["step"], trainer_state["epoch"]
         self.skipped_steps = trainer_state.get("skipped_steps", 0)
         self.train_time = trainer_state.get("train_time_s", 0.0)  # checkpoints before it was kept: unknown
+        saved_hardware = trainer_state.get("hardware") or ["unrecorded (a checkpoint from before it was kept)"]
+        self.hardware = saved_hardware + [line for line in self.hardware if line != saved_hardware[-1]]
         self.stopped_early_at = trainer_state.get("stopped_early_at")
         self.eval_pending = trainer_state.get("eval_pending", False)
         if self.best is not None:
@@ -660,7 +664,7 @@ class Trainer:
         if self.cfg.note:
             extra["note"] = self.cfg.note
         extra.update(train_steps=self.step, world_size=self.ctx.world_size, eval_amp=self.amp_name,
-                     train_time_s=round(self.train_time, 1), torch=torch.__version__,
+                     train_time_s=round(self.train_time, 1), hardware=self.hardware, torch=torch.__version__,
                      skipped_steps=self.skipped_steps)
         if self.best is not None:
             extra.update(best_step=self.best.step, best_metric=self.best.metric)
@@ -728,6 +732,12 @@ def _batch_size(batch) -> int:
 
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # where the recorded command is meant to be run from
+
+
+def _hardware_line() -> str:
+    """What this process trains on, e.g. "CPU AVX2 (no native bf16, no VNNI), 2 threads"."""
+    from zoo.accel.hardware import capabilities
+    return f"{capabilities().describe()}, {torch.get_num_threads()} threads"
 
 
 def command_line() -> str:
