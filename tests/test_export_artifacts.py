@@ -14,7 +14,6 @@ import argparse
 import hashlib
 import importlib.metadata
 import json
-import os
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from zoo.accel.hardware import capabilities
 from zoo.models.base import ZooModel
 from zoo.registry import register_model, unregister_model
 
+from .conftest import long_test
 from .test_families import BATCH, EXAMPLE, OTHER_BATCH, build, run_without_zoo
 
 
@@ -279,11 +279,7 @@ def test_int8_onnx_files_run_without_zoo_as_the_int8_graph(int8_onnx, tmp_path):
 
 # The int8 packages compile for 1-3 min each on 2 cores (bert_cls 56 s, effnetv2_cls 174 s, AVX2 EPYC): beyond
 # the suite's 15-minute budget, so they run where ZOO_LONG_TESTS=1 is set (the int8 ONNX exports always run)
-LONG = pytest.mark.skipif(not os.environ.get("ZOO_LONG_TESTS"), reason="1-3 min of AOTInductor compile on 2 cores: "
-                          "set ZOO_LONG_TESTS=1")
-
-
-@LONG
+@long_test("1-3 min of AOTInductor compile on 2 cores")
 @pytest.mark.slow
 @pytest.mark.parametrize("name", INT8)
 def test_int8_aoti_package_runs_without_zoo_as_verified(name, tmp_path):
