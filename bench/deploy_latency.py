@@ -1,6 +1,7 @@
 """Deployment latency per family: eager, compiled and the exported files, fp32 and int8 (issue 20 item 3).
 
     python bench/deploy_latency.py --save      # all five families (shipped weights), batch 1 and 32; hours on 2 cores
+    python bench/deploy_latency.py --families effnetv2_cls --save   # one family: deploy_latency_effnetv2_cls.TAG.txt
     python bench/deploy_latency.py --families effnetv2_cls --batches 1,2 --formats onnx --no-compile --reps 1  # smoke
 
 Per family and batch, interleaved round by round (zoo.bench): the eager fp32 model, `zoo.accel.compile(...,
@@ -121,8 +122,9 @@ def main():
                 run.say(f"{name} {fmt}{' int8' if int8 else ''}: verified, max error {verified['max_rel_error']:.2e} "
                         f"of the output's magnitude against {against}")
     run.finish()
-    if args.save:
-        run.save("deploy_latency")
+    if args.save:  # a subset of the families gets its own file: the all-family report is not overwritten
+        run.save("deploy_latency" if set(families) == set(zoo.list_models()) else
+                 "deploy_latency_" + "_".join(families))
 
 
 if __name__ == "__main__":
