@@ -190,7 +190,7 @@ class Trainer:
         self.nonfinite_losses = 0  # micro-batches whose loss was inf/NaN (without fp16 scaling)
         self.train_time = 0.0  # seconds in fit(), summed over resumes (kept in the checkpoints)
         # train_time_s means little without the machines it was spent on: each one a resumed run ran on, in order
-        self.hardware = [_hardware_line()]
+        self.hardware = [_hardware_line(self.device)]
         self._fit_started: float | None = None
         self.last_eval: dict[str, Any] = {}
         self._stop_signal: int | None = None
@@ -302,7 +302,8 @@ class Trainer:
         self.skipped_steps = trainer_state.get("skipped_steps", 0)
         self.train_time = trainer_state.get("train_time_s", 0.0)  # checkpoints before it was kept: unknown
         saved_hardware = trainer_state.get("hardware") or ["unrecorded (a checkpoint from before it was kept)"]
-        self.hardware = saved_hardware + [line for line in self.hardware if line != saved_hardware[-1]]
+        here = _hardware_line(self.device)
+        self.hardware = saved_hardware + ([here] if here != saved_hardware[-1] else [])
         self.stopped_early_at = trainer_state.get("stopped_early_at")
         self.eval_pending = trainer_state.get("eval_pending", False)
         if self.best is not None:
@@ -734,10 +735,11 @@ def _batch_size(batch) -> int:
 CHECKOUT = Path(__file__).resolve().parents[2]  # where the recorded command is meant to be run from
 
 
-def _hardware_line() -> str:
-    """What this process trains on, e.g. "CPU AVX2 (no native bf16, no VNNI), 2 threads"."""
+def _hardware_line(device: torch.device) -> str:
+    """What this process trains on, e.g. "CPU AVX2 (no native bf16, no VNNI), 2 threads"; the GPUs only for a
+    CUDA run (probing them would create a CUDA context in a CPU run)."""
     from zoo.accel.hardware import capabilities
-    return f"{capabilities().describe()}, {torch.get_num_threads()} threads"
+    return f"{capabilities(cuda=device.type == 'cuda').describe()}, {torch.get_num_threads()} threads"
 
 
 def command_line() -> str:
