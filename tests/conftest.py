@@ -2,8 +2,12 @@
 tested without waiting for (or paying for) the real families."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,6 +48,24 @@ def fast_amp(recorded: str = "bf16") -> str:
     """The `--amp` value to run a CPU test in: `recorded` where this CPU runs it natively, else "off" (fp32)."""
     native = {"bf16": NATIVE_BF16, "fp16": NATIVE_FP16}.get(recorded, True)
     return recorded if native else "off"
+
+
+def assert_eval_only_reproduces(script: str, data_args: list[str], meta, tolerances: dict[str, float], *,
+                                default_amp: str, env: dict[str, str] | None = None) -> None:
+    """Run `script --eval-only --pretrained default` on the shipped weights and check each recorded metric:
+    exactly in the precision the weights were evaluated in (extra.eval_amp, `default_amp` when absent), within
+    its tolerance in fp32 where this CPU does not run that precision natively (emulated bf16 is ~100x slower)."""
+    root = Path(__file__).resolve().parents[1]
+    recorded = meta.extra.get("eval_amp", default_amp)
+    amp = fast_amp(recorded)
+    result = subprocess.run([sys.executable, str(root / "train_scripts" / script), "--eval-only", "--pretrained",
+                             "default", *data_args, "--amp", amp], capture_output=True, text=True, timeout=900,
+                            env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", **(env or {})})
+    assert result.returncode == 0, result.stderr[-2000:]
+    evaluated = json.loads(result.stdout.strip().splitlines()[-1])["eval"]
+    for key, tolerance in tolerances.items():
+        expected = meta.metrics[key] if amp == recorded else pytest.approx(meta.metrics[key], abs=tolerance)
+        assert evaluated[key] == expected, key
 
 
 def fast_dtype() -> torch.dtype:

@@ -11,7 +11,7 @@ import zoo
 from zoo.models.bert import minilm_folder, to_hf_state_dict
 from zoo.train.groups import depth_param_groups
 
-from .conftest import fast_amp, long_test
+from .conftest import assert_eval_only_reproduces, long_test
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
@@ -273,17 +273,7 @@ def test_shipped_sst2_weights_predict_offline():
 
 @pytest.mark.skipif(not SST2_DEV.is_file(), reason="../shared/data/sst2 is not beside this checkout")
 def test_shipped_sst2_accuracy_is_reproduced_by_eval_only():
-    script = str(ROOT / "train_scripts" / "bert_cls.py")
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
-    model = zoo.load("bert_cls", pretrained=True)
-    recorded = model.pretrained_meta.extra.get("eval_amp", "bf16")  # the shipped run evaluated under bf16
-    # emulated bf16 matmuls (no native bf16) are ~100x slower: there evaluate in fp32, within 0.5 pt
-    amp = fast_amp(recorded)
-    result = subprocess.run([sys.executable, script, "--eval-only", "--pretrained", "default", "--eval", str(SST2_DEV),
-                             "--amp", amp], capture_output=True, text=True, env=env, timeout=900)
-    assert result.returncode == 0, result.stderr[-2000:]
-    evaluated = json.loads(result.stdout.strip().splitlines()[-1])["eval"]
-    if amp == recorded:
-        assert evaluated["accuracy"] == model.pretrained_meta.metrics["accuracy"]
-    else:
-        assert evaluated["accuracy"] == pytest.approx(model.pretrained_meta.metrics["accuracy"], abs=0.005)
+    meta = zoo.load("bert_cls", pretrained=True).pretrained_meta
+    # the shipped run evaluated under bf16; in fp32 within 0.5 pt
+    assert_eval_only_reproduces("bert_cls.py", ["--eval", str(SST2_DEV)], meta, {"accuracy": 0.005},
+                                default_amp="bf16", env={"HF_HUB_OFFLINE": "1"})

@@ -10,7 +10,7 @@ import zoo
 from zoo.demo import demo
 from zoo.models.effnetv2 import from_torchvision, to_torchvision
 
-from .conftest import fast_amp
+from .conftest import assert_eval_only_reproduces
 
 
 @pytest.mark.parametrize("variant", ["s", "m", "l"])
@@ -263,20 +263,6 @@ def test_shipped_cifar10_weights_load_offline_and_classify():
 
 @pytest.mark.skipif(not CIFAR_SMALL.is_file(), reason="../shared/data/cifar10 is not beside this checkout")
 def test_shipped_cifar10_accuracy_is_reproduced_by_eval_only():
-    import json
-    import subprocess
-    import sys
-    model = zoo.load("effnetv2_cls", pretrained=True)
-    script = str(ROOT / "train_scripts" / "effnetv2_cls.py")
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    recorded = model.pretrained_meta.extra.get("eval_amp", "off")  # the precision the shipped run evaluated in
-    amp = fast_amp(recorded)  # emulated bf16 (no native bf16) is ~100x slower: there fp32, within 0.5 pt
-    result = subprocess.run([sys.executable, script, "--eval-only", "--pretrained", "default", "--data",
-                             str(CIFAR_SMALL), "--workers", "0", "--amp", amp],
-                            capture_output=True, text=True, env=env, timeout=900)
-    assert result.returncode == 0, result.stderr[-2000:]
-    evaluated = json.loads(result.stdout.strip().splitlines()[-1])["eval"]
-    if amp == recorded:
-        assert evaluated["top1"] == model.pretrained_meta.metrics["top1"]
-    else:
-        assert evaluated["top1"] == pytest.approx(model.pretrained_meta.metrics["top1"], abs=0.005)
+    meta = zoo.load("effnetv2_cls", pretrained=True).pretrained_meta
+    assert_eval_only_reproduces("effnetv2_cls.py", ["--data", str(CIFAR_SMALL), "--workers", "0"], meta,
+                                {"top1": 0.005}, default_amp="off")

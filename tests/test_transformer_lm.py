@@ -1,7 +1,4 @@
 """transformer_lm: cached decoding equals recomputation, generation options, the shipped weights."""
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +6,7 @@ import torch
 
 import zoo
 
-from .conftest import fast_amp
+from .conftest import assert_eval_only_reproduces
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -63,16 +60,6 @@ def test_shipped_weights_generate_text_offline():
 @pytest.mark.skipif(not CORPUS.is_file(), reason="../shared/data/tinyshakespeare is not beside this checkout")
 def test_shipped_validation_loss_is_reproduced_by_eval_only():
     shipped = zoo.load("transformer_lm", pretrained=True).pretrained_meta
-    recorded = shipped.extra.get("eval_amp", "bf16")  # the shipped run evaluated under bf16
-    # emulated bf16 matmuls (no native bf16) are ~100x slower: there evaluate in fp32, within 0.01 nats
-    amp = fast_amp(recorded)
-    result = subprocess.run([sys.executable, str(ROOT / "train_scripts" / "transformer_lm.py"), "--eval-only",
-                             "--pretrained", "default", "--data", str(CORPUS), "--amp", amp],
-                            capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                            timeout=900)
-    assert result.returncode == 0, result.stderr[-2000:]
-    evaluated = json.loads(result.stdout.strip().splitlines()[-1])["eval"]
-    if amp == recorded:
-        assert evaluated["val_loss"] == shipped.metrics["val_loss"]
-    else:
-        assert evaluated["val_loss"] == pytest.approx(shipped.metrics["val_loss"], abs=0.01)
+    # the shipped run evaluated under bf16; in fp32 within 0.01 nats
+    assert_eval_only_reproduces("transformer_lm.py", ["--data", str(CORPUS)], shipped, {"val_loss": 0.01},
+                                default_amp="bf16")
