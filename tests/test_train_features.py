@@ -1,5 +1,7 @@
 """Trainer features beyond the loop itself: schedules, --keep-best / --early-stop, the logged gradient norm,
 --compile-mode and --profile."""
+import argparse
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -9,6 +11,7 @@ import torch
 from safetensors import safe_open
 
 from zoo.train import Task, TrainConfig, Trainer
+from zoo.train.config import add_train_args, config_from_args
 from zoo.train.best import parse_metric
 from zoo.train.distributed import DistContext
 from zoo.train.schedules import lr_schedule
@@ -78,6 +81,73 @@ def test_metric_direction_follows_its_name():
 def test_compile_mode_implies_compile():
     assert TrainConfig(steps=1, compile_mode="max-autotune").compile is True
     assert TrainConfig(steps=1).compile is False
+
+
+# ---------------------------------------------------------------- --optimizer
+
+
+def test_sgd_steps_like_torch_nesterov_sgd_with_decay_on_weights_only(tmp_path):
+    # one batch of all 64 examples per step and a constant rate: the trainer's steps are plain full-batch
+    # Nesterov SGD steps, which torch's reference (for-loop) implementation repeats on a copy of the model
+    torch.manual_seed(0)
+    task = tiny_task()
+    reference = copy.deepcopy(task.model)
+    cfg = TrainConfig(steps=5, optimizer="sgd", momentum=0.8, weight_decay=0.01, lr=0.05, warmup=0,
+                      schedule="constant", clip=0, batch_size=64, workers=0, out=str(tmp_path))
+    trainer = Trainer(cfg, task, CPU)
+    assert isinstance(trainer.optimizer, torch.optim.SGD)
+    assert trainer.optimizer.defaults["nesterov"] and trainer.optimizer.defaults["momentum"] == 0.8
+    trainer.fit()
+    weights = [p for p in reference.parameters() if p.dim() > 1]
+    biases = [p for p in reference.parameters() if p.dim() <= 1]
+    sgd = torch.optim.SGD([{"params": weights, "weight_decay": 0.01}, {"params": biases, "weight_decay": 0.0}],
+                          lr=0.05, momentum=0.8, nesterov=True, foreach=False)
+    x, y = task.train_data.tensors
+    for _ in range(5):
+        sgd.zero_grad()
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        sgd.step()
+    for a, b in zip(params(trainer.plain), params(reference)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # summation order of the shuffled batch
+
+
+def test_sgd_resumes_exactly_and_refuses_to_resume_as_adamw(tmp_path):
+    scores = {2: 0.1, 4: 0.2, 6: 0.3}
+    flags = dict(steps=6, save_every=3, optimizer="sgd", lr=0.02)
+    full = trainer_for(tmp_path / "full", scores, **flags)
+    full.fit()
+    resumed = trainer_for(tmp_path / "resumed", scores, resume="auto", **flags)
+    resumed.load_checkpoint(tmp_path / "full" / "ckpt-00000003")  # its momentum buffers come back too
+    resumed.fit()
+    for a, b in zip(params(resumed.plain), params(full.plain)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    adamw = trainer_for(tmp_path / "adamw", scores, steps=6, lr=0.02)
+    with pytest.raises(ValueError, match="saved by a run with --optimizer sgd: resume it with --optimizer sgd"):
+        adamw.load_checkpoint(tmp_path / "full" / "ckpt-00000003")
+
+
+def test_weight_decay_follows_the_optimizer_unless_given():
+    parser = add_train_args(argparse.ArgumentParser(), weight_decay=0.01)  # a script's AdamW decay
+    decay = {tuple(argv): config_from_args(parser.parse_args(["--steps", "1", *argv])).weight_decay
+             for argv in ([], ["--optimizer", "sgd"], ["--optimizer", "sgd", "--weight-decay", "1e-3"],
+                          ["--weight-decay", "0"])}
+    assert decay == {(): 0.01, ("--optimizer", "sgd"): 5e-4, ("--optimizer", "sgd", "--weight-decay", "1e-3"): 1e-3,
+                     ("--weight-decay", "0"): 0.0}
+    extra = config_from_args(parser.parse_args(["--steps", "1"])).extra
+    assert "_adamw_weight_decay" not in extra  # how the parser passes the script's decay on, not a script flag
+    assert (TrainConfig(steps=1).weight_decay, TrainConfig(steps=1, optimizer="sgd").weight_decay) == (0.05, 5e-4)
+    assert (TrainConfig(steps=1).momentum, TrainConfig(steps=1, optimizer="sgd").momentum) == (None, 0.9)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (dict(momentum=0.95), "--momentum applies to --optimizer sgd \\(now --optimizer adamw"),
+    (dict(optimizer="sgd", momentum=1.0), "--momentum is a fraction in \\[0, 1\\)"),
+    (dict(optimizer="sgd", weight_decay=-1e-4), "--weight-decay must be >= 0"),
+    (dict(optimizer="lamb"), "--optimizer must be one of adamw, sgd"),
+])
+def test_bad_optimizer_flags_are_refused(flags, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(steps=1, **flags)
 
 
 # ---------------------------------------------------------------- --keep-best / --early-stop

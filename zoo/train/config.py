@@ -15,6 +15,9 @@ from typing import Any
 
 __all__ = ["TrainConfig", "add_train_args", "config_from_args"]
 
+# each optimiser's weight decay when neither the command line nor the train script sets one
+DEFAULT_WEIGHT_DECAY = {"adamw": 0.05, "sgd": 5e-4}
+
 
 def _flag(default: Any, help: str | None = None, **argparse_options: Any) -> Any:
     """A config field and its flag: `help` and the argparse options (choices, metavar, ...) live in metadata."""
@@ -32,7 +35,14 @@ class TrainConfig:
                           choices=["cosine", "linear", "constant", "wsd"])
     min_lr_ratio: float = _flag(0.1, "the schedule decays to lr x this")
     decay_fraction: float = _flag(0.2, "wsd: the last fraction of the steps, in which the rate decays")
-    weight_decay: float = _flag(0.05, "AdamW decay (not applied to norms and biases)")
+    optimizer: str = _flag("adamw", "adamw (betas 0.9 and 0.95 at lr >= 5e-4, else 0.999; decoupled decay) or sgd "
+                                    "(Nesterov momentum, --momentum; L2 decay added to the gradient)",
+                           choices=["adamw", "sgd"])
+    momentum: float | None = _flag(None, "--optimizer sgd: the Nesterov momentum (default 0.9; 0: plain SGD)")
+    # None until resolved: the decays of the two optimisers differ by ~100x (AdamW's 0.05 as an L2 term would
+    # stop SGD learning), so an unset decay follows the optimiser rather than the script's AdamW value
+    weight_decay: float | None = _flag(None, "decay of weights (not of norms and biases): decoupled for AdamW, L2 "
+                                             "for SGD (default: the script's AdamW value; 5e-4 with --optimizer sgd)")
     layer_decay: float = _flag(1.0, "layer-wise LR decay: a part d groups below the head trains at lr x this^d "
                                     "(1 = off; families with depth groups: bert_cls, effnetv2_cls)")
     unfreeze: str | None = _flag(None, "progressive unfreezing, e.g. head@0,top:2@300,all@1000: from each step on, "
@@ -106,6 +116,8 @@ class TrainConfig:
     def __post_init__(self):
         if self.clip == 0:  # `--clip 0` is the command line's way to say "no clipping"
             object.__setattr__(self, "clip", None)
+        if self.weight_decay is None:
+            object.__setattr__(self, "weight_decay", DEFAULT_WEIGHT_DECAY.get(self.optimizer))
         for name, value in [(f.name, getattr(self, f.name)) for f in _flag_fields()] + list(self.extra.items()):
             if isinstance(value, float) and not math.isfinite(value):  # `--lr nan` parses as a float
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
@@ -124,6 +136,15 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.weight_decay is not None and self.weight_decay < 0:
+            raise ValueError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        if self.momentum is not None and self.optimizer != "sgd":
+            raise ValueError(f"--momentum applies to --optimizer sgd (now --optimizer {self.optimizer}, whose "
+                             "betas are fixed)")
+        if self.optimizer == "sgd" and self.momentum is None:
+            object.__setattr__(self, "momentum", 0.9)
+        if self.momentum is not None and not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"--momentum is a fraction in [0, 1), e.g. 0.9; got {self.momentum}")
         for f in _flag_fields():
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
             if choices and value is not None and value not in choices:
@@ -180,6 +201,10 @@ class TrainConfig:
                              "one example (torch.export specialises sizes of 1): use --batch-size 2 or more")
 
 
+# where add_train_args leaves the script's AdamW decay for config_from_args (not a flag, not recorded)
+_ADAMW_DECAY = "_adamw_weight_decay"
+
+
 def _flag_fields() -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(TrainConfig) if f.name != "extra"]
 
@@ -204,9 +229,14 @@ def add_train_args(parser: argparse.ArgumentParser, **defaults: Any) -> argparse
         raise TypeError(f"add_train_args got defaults for {sorted(unknown)}, which are not TrainConfig fields")
     hints = typing.get_type_hints(TrainConfig)
     g = parser.add_argument_group("training (shared by every train script)")
+    # the script's decay is an AdamW one: it applies where --weight-decay is not given and the optimiser is AdamW
+    adamw_decay = defaults.pop("weight_decay", DEFAULT_WEIGHT_DECAY["adamw"])
+    parser.set_defaults(**{_ADAMW_DECAY: adamw_decay})
     for f in fields:
         options = {k: v for k, v in f.metadata.items() if v is not None}
         default = defaults.get(f.name, f.default)
+        if f.name == "weight_decay":
+            options["help"] = options["help"].replace("the script's AdamW value", f"{adamw_decay:g} with AdamW")
         kind = _value_type(hints[f.name])
         if kind is bool:
             g.add_argument(f"--{_flag_name(f)}", action="store_true", default=default, **options)
@@ -218,6 +248,9 @@ def add_train_args(parser: argparse.ArgumentParser, **defaults: Any) -> argparse
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """TrainConfig from parsed args; the script's own flags go to `extra`."""
     names = {f.name for f in _flag_fields()}
-    values = vars(args)
+    values = dict(vars(args))
+    adamw_decay = values.pop(_ADAMW_DECAY, None)
+    if values.get("weight_decay") is None and values.get("optimizer", "adamw") == "adamw" and adamw_decay is not None:
+        values["weight_decay"] = adamw_decay
     return TrainConfig(**{k: v for k, v in values.items() if k in names},
                        extra={k: v for k, v in values.items() if k not in names})

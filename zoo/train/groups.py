@@ -22,7 +22,7 @@ __all__ = ["depth_param_groups", "Unfreezing"]
 
 
 def depth_param_groups(model: nn.Module, lr: float, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
-    """AdamW groups, one or two per depth group (with / without weight decay; none on norms, biases and
+    """Optimiser groups, one or two per depth group (with / without weight decay; none on norms, biases and
     embedding tables), each with its `depth` and `lr = lr * layer_decay ** depth`."""
     parts = model.depth_groups()
     seen: set[int] = set()

@@ -113,8 +113,17 @@ def use_deterministic_kernels() -> None:
     torch.backends.cudnn.benchmark = False
 
 
+def make_optimizer(cfg: TrainConfig, groups: list[dict], fused: bool) -> torch.optim.Optimizer:
+    """--optimizer over the parameter groups (each carries its own weight decay). Fused: one kernel over all
+    parameters instead of a loop per group (a third of a BERT fine-tuning step on CPU was the optimiser);
+    FSDP's DTensor parameters need the foreach path (fused=False)."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0, fused=fused)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95 if cfg.lr >= 5e-4 else 0.999), fused=fused)
+
+
 def decay_param_groups(model: nn.Module, weight_decay: float, lr: float | None = None) -> list[dict]:
-    """AdamW groups: decay on weight matrices and kernels, none on norms, biases and other vectors."""
+    """Optimiser groups: decay on weight matrices and kernels, none on norms, biases and other vectors."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -155,11 +164,7 @@ class Trainer:
             zoo_compile(runs, mode=cfg.compile_mode or "default")  # in place: keys and methods unchanged
         self.model = ctx.wrap(runs, **self._fsdp_options())
         self.unfreezing = Unfreezing.parse(cfg.unfreeze) if cfg.unfreeze else None
-        groups = self._param_groups()
-        # fused AdamW: one kernel over all parameters instead of a loop per group (a third of a BERT
-        # fine-tuning step on CPU was the optimiser); FSDP's DTensor parameters keep the foreach path
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95 if cfg.lr >= 5e-4 else 0.999),
-                                           fused=ctx.mode != "fsdp")
+        self.optimizer = make_optimizer(cfg, self._param_groups(), fused=ctx.mode != "fsdp")
         # resolved once (one warning per run): bf16/fp16 without native kernels on this device fall back to
         # fp32 unless forced (--amp bf16!); the autocast calls below then take the resolved dtype as is
         self.amp_dtype = (fastest_dtype(self.device) if cfg.amp == "auto"
@@ -283,10 +288,15 @@ class Trainer:
 
     def load_checkpoint(self, path: Path) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
-        saved_qat = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)["config"].get("qat")
+        saved_config = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)["config"]
+        saved_qat = saved_config.get("qat")
         if saved_qat != self.cfg.qat:  # the fake quantizers' state is in the checkpoint, or not
             saved = f"with --qat {saved_qat}" if saved_qat else "without --qat"
             raise ValueError(f"{path} was saved by a run {saved}: resume it {saved}")
+        saved_optimizer = saved_config.get("optimizer", "adamw")  # checkpoints from before the flag: AdamW
+        if saved_optimizer != self.cfg.optimizer:  # the other optimiser's state would not load
+            raise ValueError(f"{path} was saved by a run with --optimizer {saved_optimizer}: resume it with "
+                             f"--optimizer {saved_optimizer}")
         state = self._app_state()
         # "ema" partial: checkpoints from before the EMA kept BatchNorm statistics have only the parameters'
         trainer_state = load_checkpoint(path, state, self.ctx, partial=("ema",))
