@@ -116,6 +116,11 @@ class TrainConfig:
     def __post_init__(self):
         if self.clip == 0:  # `--clip 0` is the command line's way to say "no clipping"
             object.__setattr__(self, "clip", None)
+        if self.momentum is not None and self.optimizer != "sgd":
+            raise ValueError(f"--momentum applies to --optimizer sgd (now --optimizer {self.optimizer}, whose "
+                             "betas are fixed)")
+        if self.optimizer == "sgd" and self.momentum is None:
+            object.__setattr__(self, "momentum", 0.9)
         if self.weight_decay is None:
             object.__setattr__(self, "weight_decay", DEFAULT_WEIGHT_DECAY.get(self.optimizer))
         for name, value in [(f.name, getattr(self, f.name)) for f in _flag_fields()] + list(self.extra.items()):
@@ -138,11 +143,6 @@ class TrainConfig:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if self.weight_decay is not None and self.weight_decay < 0:
             raise ValueError(f"--weight-decay must be >= 0, got {self.weight_decay}")
-        if self.momentum is not None and self.optimizer != "sgd":
-            raise ValueError(f"--momentum applies to --optimizer sgd (now --optimizer {self.optimizer}, whose "
-                             "betas are fixed)")
-        if self.optimizer == "sgd" and self.momentum is None:
-            object.__setattr__(self, "momentum", 0.9)
         if self.momentum is not None and not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"--momentum is a fraction in [0, 1), e.g. 0.9; got {self.momentum}")
         for f in _flag_fields():
