@@ -35,7 +35,7 @@ def torchrun_command(out: Path, corpus: str, *, elastic: bool) -> list[str]:
         launcher += ["--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                      "--monitor-interval", "0.5"]
     else:
-        launcher += [f"--master_port={free_port()}"]
+        launcher += ["--standalone"]
     return [*launcher, SCRIPT, *COMMON, "--data", corpus, "--out", str(out), *(["--resume"] if elastic else [])]
 
 

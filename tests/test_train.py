@@ -66,8 +66,10 @@ def communicate(procs, timeout):
 
 
 def torchrun(nproc, args, *, script=SCRIPT, check=True, timeout=300):
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", str(script), *args]
+    # --standalone: the agent binds its store to a port the OS gives it, not one free_port() saw free a moment
+    # ago (under pytest -n another test's gloo sockets can take that one in between)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(script), *args]
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     (out, err), = communicate([proc], timeout)
