@@ -14,10 +14,10 @@ the artifact is verified.
 Calibration (static only): `calibration=`, an iterable of input tuples of the first graph (real, preprocessed
 batches), else CALIBRATION_BATCHES batches of the model's own export example inputs (seeded noise of the
 preprocessed shape and scale; the masks and caches as the family builds them). Measured on the shipped
-effnetv2_cls (CIFAR-10 test, the 2,000 of cifar10_small; fp32 0.9055; AMD EPYC AVX-512-BF16 with VNNI): int8 ONNX
-calibrated on the noise 0.904 (98.4% of fp32's predictions), on 4 x 32 CIFAR-10 training images 0.906 (99.4%);
-3.2 MB against 11.3 MB in fp32. (Earlier weights: 0.891 / 0.8895 against 0.8905 and 0.8865 / 0.881 against 0.882
-on the same CPU class; 0.8705 / 0.874 against 0.8725 on an AVX2 EPYC.)
+effnetv2_cls (CIFAR-10 test, the 2,000 of cifar10_small; fp32 0.9115; AMD EPYC AVX-512-BF16 with VNNI): int8 ONNX
+calibrated on the noise 0.9085 (98.35% of fp32's predictions), on 4 x 32 CIFAR-10 training images 0.9125 (99.35%);
+3.2 MB against 11.3 MB in fp32. (Earlier weights: 0.904 / 0.906 against 0.9055, 0.891 / 0.8895 against 0.8905 and
+0.8865 / 0.881 against 0.882 on the same CPU class; 0.8705 / 0.874 against 0.8725 on an AVX2 EPYC.)
 
 The int8 weight type depends on the CPU (zoo.accel.hardware.capabilities().vnni): without VNNI onnxruntime's
 u8 x s8 kernel (AVX2 vpmaddubsw) saturates its int16 pair sums. Measured on the shipped bert_cls (SST-2 dev,
